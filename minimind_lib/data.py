@@ -112,3 +112,37 @@ def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
             yield record
     if n == 0:
         raise DataFormatError(f"{path}: the file has no records")
+
+
+# --- where the data lives -------------------------------------------------------------
+
+#: MiniMind's own file names, used when ``$MINIMIND_DATA_DIR`` points at them.
+MINIMIND_FILES = {"pretrain": "pretrain_hq.jsonl", "sft": "sft_mini_512.jsonl", "dpo": "dpo.jsonl"}
+#: Bundled samples (``data/``); CC BY-SA-derived lines live in ``*_cc_by_sa.jsonl`` beside them.
+BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo_sample"}
+
+
+def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]:
+    """The jsonl files that make up the ``schema`` training set.
+
+    With ``$MINIMIND_DATA_DIR`` (or ``data_dir``) set and MiniMind's file there, that
+    one file; otherwise the bundled sample and its CC BY-SA companion when present.
+    """
+    import os
+
+    from minimind_lib import DATA_DIR
+
+    if schema not in SCHEMAS:
+        raise ValueError(f"unknown schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
+    external = data_dir or os.environ.get("MINIMIND_DATA_DIR")
+    if external:
+        path = Path(external) / MINIMIND_FILES[schema]
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"MINIMIND_DATA_DIR={external} has no {MINIMIND_FILES[schema]}; expected MiniMind's "
+                f"{', '.join(MINIMIND_FILES.values())} there (or unset it to use the bundled data)"
+            )
+        return [path]
+    stem = BUNDLED_FILES[schema]
+    paths = [DATA_DIR / f"{stem}.jsonl", DATA_DIR / f"{stem}_cc_by_sa.jsonl"]
+    return [p for p in paths if p.is_file()]

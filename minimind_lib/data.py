@@ -14,8 +14,11 @@ file, the line and what is wrong, e.g. ``data/x.jsonl:3: field 'text' is missing
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from minimind_lib import DATA_DIR
 
 SCHEMAS = ("pretrain", "sft", "dpo")
 ROLES = ("system", "user", "assistant")
@@ -128,10 +131,6 @@ def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]
     With ``$MINIMIND_DATA_DIR`` (or ``data_dir``) set and MiniMind's file there, that
     one file; otherwise the bundled sample and its CC BY-SA companion when present.
     """
-    import os
-
-    from minimind_lib import DATA_DIR
-
     if schema not in SCHEMAS:
         raise ValueError(f"unknown schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
     external = data_dir or os.environ.get("MINIMIND_DATA_DIR")

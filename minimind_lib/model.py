@@ -1,13 +1,20 @@
 """MiniMind2-Small: a Llama-style decoder (notebooks 02 and 03).
 
-This file currently holds only the configuration; the layers follow in notebook 02-03's
-work (issue 4).
+Read top to bottom: ``MiniMindConfig`` → ``RMSNorm`` → RoPE (``rope_tables``,
+``apply_rope``) → ``Attention`` (GQA, KV cache, SDPA or manual path; notebook 02) →
+``FeedForward`` (SwiGLU) → ``Block`` → ``MiniMindForCausalLM`` with ``generate``
+(notebook 03).  Names follow ``transformers.LlamaForCausalLM`` (see ``minimind_lib.hf``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 
 @dataclass
@@ -75,3 +82,463 @@ class MiniMindConfig:
         if unknown:
             raise ValueError(f"unknown MiniMindConfig field(s): {', '.join(unknown)}")
         return cls(**d)
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square LayerNorm (Zhang & Sennrich 2019, eq. 4): ``x / rms(x) * g``.
+
+    No mean subtraction and no bias.  Computed in fp32 even under bf16/fp16 autocast
+    (the mean of squares overflows / loses precision in half types), then cast back.
+    Built in notebook 03.
+
+    >>> norm = RMSNorm(4)
+    >>> norm(torch.tensor([[2.0, -2.0, 2.0, -2.0]]))
+    tensor([[ 1.0000, -1.0000,  1.0000, -1.0000]], grad_fn=<MulBackward0>)
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()  # (..., C) in fp32
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        # subtle: cast back BEFORE scaling by the weight, as Llama does, so logits match HF's.
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float = 1e6) -> tuple[Tensor, Tensor]:
+    """Cos/sin tables of rotary position embeddings (Su et al. 2021, RoFormer eq. 34).
+
+    Pair ``i`` of a head rotates by angle ``pos * theta**(-2i/head_dim)``.  Both halves of
+    the head share the frequencies (the "rotate-half" layout of Llama/GPT-NeoX, not the
+    interleaved one of the paper).  Returns two fp32 tensors of shape
+    ``(max_positions, head_dim)``.
+
+    >>> cos, sin = rope_tables(head_dim=4, max_positions=3, theta=10000.0)
+    >>> cos.shape
+    torch.Size([3, 4])
+    >>> cos[0].tolist(), sin[0].tolist()   # position 0 is the identity rotation
+    ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (P, D)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dimension (a 90° turn of each pair ``(x1_i, x2_i)``).
+
+    >>> rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    tensor([-3., -4.,  1.,  2.])
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate queries or keys ``x`` (B, H, T, D) by position tables ``cos``/``sin`` (T, D).
+
+    Afterwards ``q_m · k_n`` depends on the positions only through ``m - n`` (notebook 03
+    asserts it).
+
+    >>> cos, sin = rope_tables(4, 8)
+    >>> x = torch.randn(1, 2, 8, 4)
+    >>> torch.allclose(apply_rope(x, cos, sin).norm(dim=-1), x.norm(dim=-1))  # a rotation
+    True
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin  # (B, H, T, D)
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Grouped-query attention: repeat each of the KV heads ``n_rep`` times (B, Hkv, T, D) →
+    (B, Hkv*n_rep, T, D), so query head ``h`` reads KV head ``h // n_rep``.
+
+    >>> repeat_kv(torch.arange(2.0).view(1, 2, 1, 1), 3).flatten().tolist()
+    [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    """
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def causal_mask(n_queries: int, n_keys: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (Tq, Tk) mask, True where a query may attend.  The queries are the LAST
+    ``n_queries`` positions of the ``n_keys`` (bottom-right aligned), as in KV-cache decoding.
+
+    subtle: ``F.scaled_dot_product_attention(is_causal=True)`` aligns its mask top-left,
+    which is only right when ``n_queries == n_keys``.
+
+    >>> causal_mask(2, 3).int().tolist()
+    [[1, 1, 0], [1, 1, 1]]
+    """
+    ones = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=n_keys - n_queries)
+
+
+# One layer's cache: keys and values so far, each (B, Hkv, T_past, D).
+LayerCache = tuple[Tensor, Tensor]
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with grouped-query heads, RoPE and a KV cache.
+
+    ``softmax(q kᵀ / √d + mask) v`` per head (Vaswani et al. 2017, eq. 1); ``n_heads``
+    query heads share ``n_kv_heads`` key/value heads (GQA, Ainslie et al. 2023).
+    ``use_sdpa`` picks PyTorch's fused ``F.scaled_dot_product_attention`` (fast) or the
+    readable manual path of notebook 02 (same numbers within float rounding).
+    """
+
+    def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.dropout = config.dropout
+        self.use_sdpa = use_sdpa
+        c, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(c, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, c, bias=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, past: LayerCache | None = None
+    ) -> tuple[Tensor, LayerCache]:
+        """``x`` (B, T, C); ``cos``/``sin`` (T, D) for the T new positions; ``past`` the cache
+        of earlier positions.  Returns the output (B, T, C) and the cache extended by T."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)  # (B, Hkv, Tk, D)
+            v = torch.cat((past[1], v), dim=2)  # (B, Hkv, Tk, D)
+        dropout = self.dropout if self.training else 0.0
+        if self.use_sdpa:
+            y = self._sdpa(q, k, v, dropout)
+        else:
+            y = self._manual(q, k, v, dropout)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
+        return self.resid_dropout(self.o_proj(y)), (k, v)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        tq, tk = q.shape[2], k.shape[2]
+        # subtle: one new query sees every cached key (no mask); a prefill with no cache uses
+        # is_causal; any other chunk needs the explicit bottom-right mask (see causal_mask).
+        mask = None if tq == 1 or tq == tk else causal_mask(tq, tk, q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=tq == tk and tq > 1,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # (B, H, T, D)
+
+    def _manual(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
+        mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (Tq, Tk)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
+        weights = F.dropout(weights, p=dropout, training=dropout > 0)
+        return weights @ v  # (B, H, Tq, D)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020, eq. 6): ``down(silu(gate(x)) * up(x))``.
+
+    >>> ffn = FeedForward(MiniMindConfig())
+    >>> ffn.gate_proj.weight.shape   # intermediate 1408 = 64 * ceil(int(512 * 8 / 3) / 64)
+    torch.Size([1408, 512])
+    """
+
+    def __init__(self, config: MiniMindConfig) -> None:
+        super().__init__()
+        c, h = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(c, h, bias=False)
+        self.up_proj = nn.Linear(c, h, bias=False)
+        self.down_proj = nn.Linear(h, c, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (notebook 03)."""
+
+    def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, use_sdpa)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = FeedForward(config)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, past: LayerCache | None = None
+    ) -> tuple[Tensor, LayerCache]:
+        a, cache = self.self_attn(self.input_layernorm(x), cos, sin, past)
+        x = x + a  # (B, T, C)
+        x = x + self.mlp(self.post_attention_layernorm(x))  # (B, T, C)
+        return x, cache
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class CausalLMOutput:
+    """What ``MiniMindForCausalLM.forward`` returns.
+
+    ``logits`` (B, T, V); ``loss`` the mean shifted cross-entropy (None without labels);
+    ``past_key_values`` one ``(k, v)`` per layer when ``use_cache=True``, else None.
+    """
+
+    logits: Tensor
+    loss: Tensor | None = None
+    past_key_values: list[LayerCache] | None = None
+
+
+class MiniMindModel(nn.Module):
+    """The decoder trunk: token embeddings, the blocks and the final norm (Llama's ``model``)."""
+
+    def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(Block(config, use_sdpa) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        cos, sin = rope_tables(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        # non-persistent: rebuilt from the config, so they never enter a checkpoint
+        self.register_buffer("rope_cos", cos, persistent=False)  # (P, D)
+        self.register_buffer("rope_sin", sin, persistent=False)  # (P, D)
+
+    def forward(
+        self, input_ids: Tensor, past_key_values: list[LayerCache] | None = None
+    ) -> tuple[Tensor, list[LayerCache]]:
+        """``input_ids`` (B, T) → final hidden states (B, T, C) and the extended KV cache."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        if past_key_values is not None and len(past_key_values) != len(self.layers):
+            raise ValueError(f"past_key_values has {len(past_key_values)} layers, "
+                             f"the model has {len(self.layers)}")
+        start = past_key_values[0][0].shape[2] if past_key_values else 0
+        end = start + input_ids.shape[1]
+        self._check_inputs(input_ids, end)
+        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, D)
+        x = self.dropout(self.embed_tokens(input_ids))  # (B, T, C)
+        caches = []
+        for i, layer in enumerate(self.layers):
+            x, cache = layer(x, cos, sin, past_key_values[i] if past_key_values else None)
+            caches.append(cache)
+        return self.norm(x), caches
+
+    def _check_inputs(self, input_ids: Tensor, end: int) -> None:
+        vocab, max_pos = self.config.vocab_size, self.config.max_position_embeddings
+        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= vocab):
+            bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab}) "
+                             f"(MiniMindConfig.vocab_size={vocab})")
+        if end > max_pos:
+            raise ValueError(f"sequence of {end} positions is longer than the RoPE table "
+                             f"(MiniMindConfig.max_position_embeddings={max_pos})")
+
+
+class MiniMindForCausalLM(nn.Module):
+    """MiniMind2-Small: the decoder trunk plus the (tied) output head (notebook 03).
+
+    Parameter and submodule names follow ``transformers.LlamaForCausalLM``, so state dicts
+    move between the two unchanged (``minimind_lib.hf``).
+
+    >>> _ = torch.manual_seed(0)
+    >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=32, hidden_size=16,
+    ...                             num_hidden_layers=1, num_attention_heads=2,
+    ...                             num_key_value_heads=1, max_position_embeddings=16))
+    >>> out = model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]]))
+    >>> out.logits.shape
+    torch.Size([1, 3, 32])
+    >>> abs(out.loss.item() - math.log(32)) < 0.1   # untrained: about ln(vocab)
+    True
+    >>> model.generate(torch.tensor([[1, 2]]), max_new_tokens=3, temperature=0).shape
+    torch.Size([1, 5])
+    >>> MiniMindForCausalLM(MiniMindConfig()).num_parameters()
+    25829888
+    """
+
+    def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.model = MiniMindModel(config, use_sdpa)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_word_embeddings:
+            # Press & Wolf 2017: one matrix embeds tokens and scores them (saves V*C params)
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # Llama's initializer_range 0.02: small logits at start, so the loss begins near ln V
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def set_attention(self, use_sdpa: bool) -> MiniMindForCausalLM:
+        """Switch every layer to the fused SDPA path (True) or the manual path (False)."""
+        for layer in self.model.layers:
+            layer.self_attn.use_sdpa = use_sdpa
+        return self
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Number of distinct parameters (a tied head is counted once)."""
+        skip = {id(self.model.embed_tokens.weight), id(self.lm_head.weight)}
+        return sum(p.numel() for p in self.parameters()
+                   if not (exclude_embeddings and id(p) in skip))
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        labels: Tensor | None = None,
+        past_key_values: list[LayerCache] | None = None,
+        use_cache: bool = False,
+    ) -> CausalLMOutput:
+        """Logits for ``input_ids`` (B, T); with ``labels`` (B, T) also the loss.
+
+        ``labels`` are aligned with the inputs (usually a copy of them, -100 where no loss is
+        wanted): the model shifts them, so position t is scored on predicting token t+1.
+        Batches may be right-padded (pads labelled -100): causal attention means real tokens
+        never see the pads to their right, so no attention mask is needed.
+        """
+        hidden, caches = self.model(input_ids, past_key_values)  # (B, T, C)
+        logits = self.lm_head(hidden)  # (B, T, V)
+        loss = None if labels is None else causal_lm_loss(logits, labels)
+        return CausalLMOutput(logits, loss, caches if use_cache else None)
+
+    @torch.no_grad()
+    def stream(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """Yield the next token of every row, (B,) per step; arguments as in ``generate``.
+
+        Stops after ``max_new_tokens`` or once every row has produced ``eos_token_id``
+        (rows that finished earlier keep yielding ``eos_token_id``).
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        total = input_ids.shape[1] + max_new_tokens
+        if total > self.config.max_position_embeddings:
+            raise ValueError(f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
+                             f"exceeds max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        seq, cache = input_ids, None
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for _ in range(max_new_tokens):
+            # with a cache only the newest token is fed; without one, the whole sequence again
+            fed = seq if cache is None else seq[:, -1:]
+            hidden, caches = self.model(fed, cache)  # (B, t, C)
+            cache = caches if use_cache else None
+            logits = self.lm_head(hidden[:, -1]).float()  # (B, V): only the last position
+            token = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+            if eos_token_id is not None:
+                token = token.masked_fill(finished, eos_token_id)
+                finished |= token == eos_token_id
+            yield token
+            if eos_token_id is not None and bool(finished.all()):
+                return
+            seq = torch.cat((seq, token[:, None]), dim=1)  # (B, T+1)
+
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Autoregressive decoding: returns (B, T + new) = prompt + generated tokens.
+
+        ``temperature=0`` is greedy (``top_k``/``top_p`` are then irrelevant); otherwise
+        logits are divided by ``temperature``, cut to the ``top_k`` best and to the smallest
+        set with probability ≥ ``top_p``, then sampled (``generator`` for reproducibility).
+        ``use_cache=False`` recomputes the whole sequence each step (same tokens, slower).
+
+        Prompts in a batch must have equal length (no padding or attention mask support);
+        generation stops early once every row has emitted ``eos_token_id``, and rows that
+        finished first are filled with it.  Call ``model.eval()`` first if dropout > 0.
+        """
+        new = list(self.stream(input_ids, max_new_tokens, temperature, top_k, top_p,
+                               eos_token_id, use_cache, generator))
+        if not new:
+            return input_ids
+        return torch.cat((input_ids, torch.stack(new, dim=1)), dim=1)  # (B, T + new)
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy of predicting token t+1 from position t; labels -100 are ignored.
+
+    ``logits`` (B, T, V), ``labels`` (B, T) aligned with the inputs.  Computed in fp32.
+
+    >>> logits = torch.zeros(1, 3, 4)                  # uniform over 4 tokens
+    >>> round(causal_lm_loss(logits, torch.tensor([[0, 1, -100]])).item(), 4)  # ln 4
+    1.3863
+    """
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal input_ids shape "
+                         f"{tuple(logits.shape[:2])}")
+    shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1]).float()  # (B*(T-1), V)
+    shift_labels = labels[:, 1:].reshape(-1)  # (B*(T-1),)
+    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+
+
+def sample_next_token(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token per row from ``logits`` (B, V): greedy at temperature 0, else
+    temperature → top-k → top-p (Holtzman et al. 2019) → multinomial sample.
+
+    >>> sample_next_token(torch.tensor([[0.0, 3.0, 1.0]]), temperature=0)
+    tensor([1])
+    >>> sample_next_token(torch.tensor([[0.0, 3.0, 1.0]]), top_k=1)
+    tensor([1])
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k <= 0:
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)  # (B,)
+    logits = logits / temperature  # (B, V)
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the ones ranked above it already reach top_p (the best stays)
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p  # (B, V)
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)

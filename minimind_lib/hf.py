@@ -1,0 +1,181 @@
+"""Interop with Hugging Face ``transformers``: MiniMind IS a Llama (notebook 03).
+
+Our parameter names equal ``LlamaForCausalLM``'s, so conversion is a config translation
+plus a strict ``load_state_dict``.  Three Llama defaults differ from MiniMind's and are
+set explicitly: ``rms_norm_eps`` (1e-6 there, 1e-5 here), the RoPE theta (10,000 there,
+1e6 here) and ``tie_word_embeddings`` (False there, True here).
+
+``save_pretrained`` writes a folder that ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load offline: config.json, model.safetensors and the
+course tokenizer (tokenizer.json + tokenizer_config.json with the ChatML chat template).
+
+>>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+>>> config = MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+...                         num_attention_heads=4, num_key_value_heads=2,
+...                         max_position_embeddings=32)
+>>> ours = MiniMindForCausalLM(config).eval()
+>>> theirs = to_hf(ours)
+>>> ids = torch.tensor([[1, 2, 3]])
+>>> torch.allclose(ours(ids).logits, theirs(ids).logits, atol=1e-5)
+True
+>>> from_hf(theirs).config == config
+True
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from minimind_lib import DATA_DIR
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+
+#: Token ids of ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (minimind_lib.tokenizer).
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+#: Copied from the tokenizer folder by ``save_pretrained`` (the first two are required).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
+    """The ``transformers.LlamaConfig`` describing the same network as ``config``."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings,
+        # subtle: these three defaults differ between Llama and MiniMind
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        tie_word_embeddings=config.tie_word_embeddings,
+        attention_dropout=config.dropout,
+        attention_bias=False,
+        mlp_bias=False,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        attn_implementation=attn_implementation,
+    )
+
+
+def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):
+    """A ``transformers.LlamaForCausalLM`` with ``model``'s weights (identical logits).
+
+    ``attn_implementation`` is "sdpa" or "eager" (HF's manual path).  Dropout inside the
+    residual stream has no Llama equivalent, so ``model.config.dropout`` must be 0 for
+    training-mode equality (eval mode is always equal).
+    """
+    from transformers import LlamaForCausalLM
+
+    hf_model = LlamaForCausalLM(hf_config(model.config, attn_implementation))
+    hf_model.load_state_dict(model.state_dict(), strict=True)
+    dtype = next(model.parameters()).dtype
+    return hf_model.to(dtype=dtype, device=model.lm_head.weight.device).train(model.training)
+
+
+def from_hf(hf_model) -> MiniMindForCausalLM:
+    """A ``MiniMindForCausalLM`` with the weights of a ``transformers.LlamaForCausalLM``.
+
+    Llama variants MiniMind cannot express (biases, another activation, a head_dim that
+    is not hidden/heads, scaled RoPE) raise ValueError naming the setting.
+    """
+    c = hf_model.config
+    rope = dict(c.rope_parameters or {})
+    unsupported = {
+        "attention_bias": (getattr(c, "attention_bias", False), False),
+        "mlp_bias": (getattr(c, "mlp_bias", False), False),
+        "hidden_act": (c.hidden_act, "silu"),
+        "head_dim": (c.head_dim, c.hidden_size // c.num_attention_heads),
+        "rope_parameters['rope_type']": (rope.get("rope_type", "default"), "default"),
+    }
+    for name, (value, wanted) in unsupported.items():
+        if value != wanted:
+            raise ValueError(f"cannot convert Llama config: {name}={value!r} "
+                             f"(MiniMind needs {wanted!r})")
+    config = MiniMindConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_theta=float(rope["rope_theta"]),
+        rms_norm_eps=c.rms_norm_eps,
+        dropout=float(c.attention_dropout),
+        tie_word_embeddings=bool(c.tie_word_embeddings),
+    )
+    hf_weight = hf_model.lm_head.weight
+    model = MiniMindForCausalLM(config).to(dtype=hf_weight.dtype, device=hf_weight.device)
+    model.load_state_dict(hf_model.state_dict(), strict=True)
+    return model.train(hf_model.training)
+
+
+def save_pretrained(
+    model: MiniMindForCausalLM,
+    directory: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike | None = DATA_DIR / "tokenizer",
+) -> Path:
+    """Write a Hugging Face folder: config.json, model.safetensors, generation_config.json,
+    and (unless ``tokenizer_dir`` is None) the tokenizer files of ``tokenizer_dir``.
+
+    The folder is built next to ``directory`` and renamed into place, so a failure never
+    leaves a half-written model behind.  Load it with ``from_pretrained`` or with
+    ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` (offline).
+    """
+    directory = Path(directory)
+    tok_files = _tokenizer_files(Path(tokenizer_dir)) if tokenizer_dir is not None else []
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        to_hf(model).save_pretrained(staging)
+        for src in tok_files:
+            shutil.copy2(src, staging / src.name)
+        _replace_dir(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def from_pretrained(directory: str | os.PathLike) -> MiniMindForCausalLM:
+    """Load a ``save_pretrained`` folder (or any compatible Llama folder) offline."""
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory / 'config.json'} not found: not a model folder")
+    hf_model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
+                                                    dtype=torch.float32)
+    return from_hf(hf_model)
+
+
+def _tokenizer_files(tokenizer_dir: Path) -> list[Path]:
+    required = TOKENIZER_FILES[:2]
+    missing = [name for name in required if not (tokenizer_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"tokenizer folder {tokenizer_dir} lacks {', '.join(missing)} "
+            "(build it with notebook 01 / `python -m minimind_lib tokenizer`, "
+            "or pass tokenizer_dir=None to save the model only)")
+    return [tokenizer_dir / n for n in TOKENIZER_FILES if (tokenizer_dir / n).is_file()]
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move folder ``new`` to ``target``, replacing an existing ``target`` only at the end."""
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(new, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(new, target)

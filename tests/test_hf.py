@@ -1,0 +1,137 @@
+"""minimind_lib.hf: MiniMind equals transformers' Llama (logits, generation, files)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network, even by accident
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from minimind_lib import DATA_DIR  # noqa: E402
+from minimind_lib.hf import from_hf, from_pretrained, save_pretrained, to_hf  # noqa: E402
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+
+BASE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)
+CONFIGS = {
+    "gqa-tied": MiniMindConfig(**BASE),
+    "mha-untied": MiniMindConfig(**{**BASE, "num_key_value_heads": 4,
+                                    "tie_word_embeddings": False}),
+    "mqa-3layers": MiniMindConfig(**{**BASE, "num_key_value_heads": 1, "num_hidden_layers": 3,
+                                     "rope_theta": 1e4, "rms_norm_eps": 1e-6}),
+    "wide-heads": MiniMindConfig(**{**BASE, "hidden_size": 96, "num_attention_heads": 3,
+                                    "num_key_value_heads": 1, "intermediate_size": 200}),
+}
+
+
+def make_model(config: MiniMindConfig, seed: int = 0) -> MiniMindForCausalLM:
+    torch.manual_seed(seed)
+    model = MiniMindForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a misplaced norm would show
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_equal_llama(name, attn):
+    ours = make_model(CONFIGS[name])
+    theirs = to_hf(ours, attn_implementation=attn)
+    ids = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        a, b = ours(ids, labels=ids), theirs(ids, labels=ids)
+    # fp32: same operations, same order up to kernel choice; 1e-4 absolute on logits of
+    # size ~1 leaves room only for float rounding (we measure ~1e-6), not for a wrong op
+    assert (a.logits - b.logits).abs().max().item() < 1e-4
+    torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gqa-tied", "mha-untied"])
+def test_greedy_generation_equals_transformers(name):
+    ours = make_model(CONFIGS[name], seed=2)
+    theirs = to_hf(ours)
+    prompt = torch.randint(3, 300, (1, 6))
+    mine = ours.generate(prompt, 40, temperature=0)
+    ref = theirs.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    assert torch.equal(mine, ref)
+
+
+def test_from_hf_round_trip_and_unsupported_configs():
+    ours = make_model(CONFIGS["mha-untied"])
+    back = from_hf(to_hf(ours))
+    assert back.config == ours.config
+    for (k, v), (k2, v2) in zip(ours.state_dict().items(), back.state_dict().items(),
+                                strict=True):
+        assert k == k2 and torch.equal(v, v2)
+    theirs = to_hf(ours)
+    theirs.config.mlp_bias = True
+    with pytest.raises(ValueError, match="mlp_bias=True"):
+        from_hf(theirs)
+
+
+def write_tiny_tokenizer(folder) -> None:
+    """A small byte-level BPE with the course's special tokens and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>",
+                                  "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, hello minimind"] * 20, trainer)
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template}))
+
+
+def test_save_pretrained_loads_with_auto_classes(tmp_path):
+    ours = make_model(CONFIGS["gqa-tied"])
+    write_tiny_tokenizer(tmp_path / "tok")
+    folder = save_pretrained(ours, tmp_path / "hf", tokenizer_dir=tmp_path / "tok")
+    assert {"config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= {p.name for p in folder.iterdir()}
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    ids = torch.randint(0, 300, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(ids).logits, ours(ids).logits, atol=1e-4, rtol=0)
+    assert torch.equal(from_pretrained(folder)(ids).logits, ours(ids).logits)
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 2
+    # saving again replaces the folder atomically; no staging folders are left behind
+    save_pretrained(ours, folder, tokenizer_dir=None)
+    assert not (folder / "tokenizer.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "tok"]
+
+
+def test_save_pretrained_with_missing_tokenizer_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="lacks tokenizer.json, tokenizer_config.json"):
+        save_pretrained(make_model(CONFIGS["gqa-tied"]), tmp_path / "hf",
+                        tokenizer_dir=tmp_path / "nothing")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_save_pretrained_with_the_course_tokenizer(tmp_path):
+    tok_dir = DATA_DIR / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
+        pytest.skip(f"{tok_dir}/tokenizer.json not built yet (notebook 01 / tokenizer stage)")
+    config = MiniMindConfig(**{**BASE, "vocab_size": 6400})
+    folder = save_pretrained(make_model(config), tmp_path / "hf", tokenizer_dir=tok_dir)
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert tok.decode(tok("hello, MiniMind")["input_ids"]) == "hello, MiniMind"
+    assert tok.chat_template

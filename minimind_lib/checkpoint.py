@@ -1,0 +1,224 @@
+"""Checkpoints: safetensors weights + json config, atomic writes, strict loading (notebook 04).
+
+Two kinds of files live here:
+
+* a **model folder** (``save_model`` / ``load_model``): ``model.safetensors`` + ``config.json``
+  (the ``MiniMindConfig`` fields as one flat json object). Every stage's output is one.
+* a **training checkpoint** (``save_checkpoint`` / ``load_checkpoint``): a model folder plus
+  ``train_state.pt`` (optimizer, scaler, step, RNG states, data position), kept under
+  ``<out>/checkpoints/step_NNNNNNN/`` with a ``latest`` pointer file.
+
+Writes are atomic: a file is written to a temporary name, flushed to disk, then renamed over
+its target (``os.replace`` is atomic on POSIX and Windows). A checkpoint folder is written
+whole under a temporary name and renamed, and only then does ``latest`` point at it, so a
+kill at any moment leaves the previous checkpoint loadable.
+
+Loading is strict: a missing, unexpected or wrongly-shaped tensor is an error naming the
+file, never silently random weights.
+
+>>> import tempfile, torch
+>>> d = tempfile.mkdtemp()
+>>> net = torch.nn.Linear(3, 2)
+>>> save_weights(net, f"{d}/w.safetensors")
+>>> load_weights(torch.nn.Linear(3, 4), f"{d}/w.safetensors")
+Traceback (most recent call last):
+...
+minimind_lib.checkpoint.CheckpointMismatchError: .../w.safetensors does not fit the model: ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+STATE_FILE = "train_state.pt"
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "latest"
+
+
+class CheckpointMismatchError(ValueError):
+    """Saved tensors do not fit the model (missing/unexpected keys or wrong shapes)."""
+
+
+# --- atomic writes ---------------------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    if os.name == "posix":  # a rename is durable only once its folder entry is flushed
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it over ``path``.
+
+    If the body raises (or the process dies), ``path`` keeps its old content and the
+    temporary file is removed (or left as ``*.tmp-<pid>``, ignored by every reader).
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "x.txt"
+    >>> with atomic_path(p) as tmp:
+    ...     _ = tmp.write_text("hello")
+    >>> p.read_text()
+    'hello'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see ``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+# --- weights and model folders ---------------------------------------------------------
+
+
+def save_weights(module: nn.Module, path: str | Path) -> None:
+    """Save ``module``'s state dict as safetensors, atomically.
+
+    subtle: tied tensors (``lm_head.weight`` is ``embed_tokens.weight``) share storage,
+    which safetensors refuses to store twice; ``safetensors.torch.save_model`` keeps one
+    name and ``load_model`` restores the tie.
+    """
+    with atomic_path(path) as tmp:
+        safetensors.torch.save_model(module, str(tmp))
+
+
+def load_weights(module: nn.Module, path: str | Path, device: str | torch.device = "cpu") -> None:
+    """Load safetensors weights into ``module`` strictly; a mismatch names the file and keys."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such weights file")
+    try:
+        safetensors.torch.load_model(module, str(path), strict=True, device=str(device))
+    except RuntimeError as e:  # missing/unexpected keys or size mismatch from load_state_dict
+        detail = " ".join(str(e).split())
+        raise CheckpointMismatchError(f"{path} does not fit the model: {detail}") from None
+
+
+def save_model(model: MiniMindForCausalLM, directory: str | Path) -> Path:
+    """Write ``directory/config.json`` then ``directory/model.safetensors`` (each atomic)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
+    save_weights(model, directory / WEIGHTS_FILE)
+    return directory
+
+
+def read_config(directory: str | Path) -> MiniMindConfig:
+    """The ``MiniMindConfig`` stored in ``directory/config.json`` (unknown fields are an error)."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (is {directory} a model folder?)")
+    try:
+        return MiniMindConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def load_model(directory: str | Path, device: str | torch.device = "cpu") -> MiniMindForCausalLM:
+    """Rebuild the model saved by ``save_model``; the weights must fit its config exactly."""
+    model = MiniMindForCausalLM(read_config(directory))
+    load_weights(model, Path(directory) / WEIGHTS_FILE, device=device)
+    return model.to(device).eval()
+
+
+# --- training checkpoints --------------------------------------------------------------
+
+
+def _write_model_files(model: nn.Module, directory: Path) -> None:
+    config = getattr(model, "config", None)
+    if isinstance(config, MiniMindConfig):
+        save_model(model, directory)  # a full model folder: load_model works on it
+    else:  # any other module (tests' stand-ins): weights only
+        save_weights(model, directory / WEIGHTS_FILE)
+
+
+def save_checkpoint(
+    out_dir: str | Path, step: int, model: nn.Module, state: dict, keep: int = 1,
+    write_hook: Callable[[Path], None] | None = None,
+) -> Path:
+    """Save ``<out_dir>/checkpoints/step_<step>/`` and point ``latest`` at it.
+
+    ``state`` (optimizer/scaler state dicts, RNG, data position, ...) goes to
+    ``train_state.pt``; it must hold only tensors and plain Python values, so that
+    ``load_checkpoint`` can read it with ``torch.load(weights_only=True)``.
+    ``write_hook(tmp_dir)``, if given, runs after the files are written and before the
+    rename (tests use it to simulate a crash mid-save). The ``keep`` newest checkpoints stay.
+    """
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:07d}"
+    final, tmp = root / name, root / f"{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    _write_model_files(model, tmp)
+    with atomic_path(tmp / STATE_FILE) as t:
+        torch.save(state, t)
+    if write_hook is not None:
+        write_hook(tmp)
+    if final.exists():  # the same step saved again (e.g. a resumed run that was complete)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    atomic_write_text(root / LATEST_FILE, name + "\n")  # the commit point
+    finished = sorted(p for p in root.glob("step_*") if ".tmp-" not in p.name)
+    kept = set(finished[-keep:]) | {final}
+    for old in root.glob("step_*"):  # older checkpoints and crashed saves' leftovers
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The folder ``latest`` points at, or None when no checkpoint was completed."""
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    pointer = root / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text(encoding="utf-8").strip()
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{pointer} points at {path}, which holds no {STATE_FILE}")
+    return path
+
+
+def load_checkpoint(path: str | Path, model: nn.Module, device: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint's weights into ``model`` (strictly) and return its training state."""
+    path = Path(path)
+    if isinstance(getattr(model, "config", None), MiniMindConfig) and (path / CONFIG_FILE).is_file():
+        saved = read_config(path)
+        if saved != model.config:
+            diff = {k: (v, getattr(model.config, k)) for k, v in saved.to_dict().items()
+                    if getattr(model.config, k) != v}
+            raise CheckpointMismatchError(
+                f"{path / CONFIG_FILE} was saved for another model config; "
+                f"differences (saved, current): {diff}")
+    load_weights(model, path / WEIGHTS_FILE, device=device)
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)

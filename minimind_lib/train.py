@@ -1,0 +1,508 @@
+"""The training engine: one loop for pretraining, SFT and DPO (built up in notebook 04).
+
+One optimizer step of ``train``:
+
+1. set the learning rate: linear warmup, then cosine decay to ``min_lr_ratio`` of the peak
+   (Loshchilov & Hutter 2017, SGDR eq. 5, without restarts);
+2. ``accumulation_steps`` micro-batches: forward under ``torch.autocast`` (bf16, or fp16 with
+   a ``GradScaler``), backward of ``loss / accumulation_steps`` so the summed gradients equal
+   one big batch's mean gradient; under DDP, gradients are all-reduced on the last micro-step
+   only (``no_sync`` on the others);
+3. unscale (fp16), clip the global gradient norm to ``grad_clip``, AdamW step
+   (fused on CUDA; no weight decay on norms and biases);
+4. a non-finite loss or gradient skips the step (logged); ``max_bad_steps`` in a row stop
+   training with ``TrainingDiverged``;
+5. log a metrics row (step, loss, lr, grad norm, tokens/s, elapsed), validate every
+   ``eval_every`` steps, checkpoint every ``save_every`` steps and at the end.
+
+Precision: ``TrainConfig.precision="auto"`` follows ``minimind_lib.device.pick_precision``:
+bf16 autocast on CUDA GPUs that support it (else fp16 + scaler), and on a CPU *bf16 where the
+CPU has native bf16 instructions* (about 2x faster than fp32 there), else fp32. Ask for
+``"fp32"`` to get the plain fp32 loop anywhere.
+
+Data order is a function of (seed, step) only: step ``s`` reads the global batch
+``perm_e[k*G:(k+1)*G]`` with ``e, k = divmod(s, steps_per_epoch)``, ``G`` = batch size x
+accumulation x world size, ``perm_e`` a seeded permutation. So a resumed run reads exactly
+the batches an uninterrupted one would, and DDP rank ``r`` reads its own micro-batches of
+each global batch.
+
+Reuse for other stages: ``dataset`` is any map-style dataset whose ``collate_fn``-made batches
+are dicts of tensors; ``loss_fn(model, batch) -> (loss, {name: value})`` replaces the default
+``model(input_ids, labels=labels).loss`` (DPO plugs in its loss and logs its rewards).
+
+>>> lrs = [lr_at(s, max_steps=10, peak_lr=1.0, warmup_steps=2, min_lr_ratio=0.1) for s in range(10)]
+>>> [round(x, 3) for x in lrs]
+[0.5, 1.0, 1.0, 0.955, 0.831, 0.65, 0.45, 0.269, 0.145, 0.1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from minimind_lib.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minimind_lib.device import PRECISIONS, Precision, pick_device, pick_precision, seed_everything
+from minimind_lib.profiles import StageSettings
+
+METRICS_FILE = "metrics.jsonl"
+
+LossFn = Callable[[nn.Module, dict], "tuple[torch.Tensor, dict[str, Any]]"]
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run.
+
+    ``batch_size`` is the micro-batch of one process; an optimizer step sees
+    ``batch_size * accumulation_steps * world_size`` sequences.
+
+    >>> TrainConfig(max_steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: TrainConfig.max_steps must be positive, got 0
+    """
+
+    batch_size: int = 8
+    seq_len: int = 128  # informational for the engine; datasets are cut to it
+    learning_rate: float = 3e-4
+    max_steps: int = 100
+    accumulation_steps: int = 1
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    betas: tuple[float, float] = (0.9, 0.95)
+    eval_every: int = 50
+    eval_batches: int = 20  # validation batches per evaluation
+    save_every: int = 200  # checkpoint period in steps (and always at the end)
+    out_dir: str | Path | None = None  # None: no metrics file and no checkpoints
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see module docstring)
+    device: str | None = None  # None: minimind_lib.device.pick_device()
+    seed: int = 42
+    compile: bool = False  # torch.compile the model
+    num_workers: int = 0  # DataLoader worker processes
+    max_bad_steps: int = 5  # consecutive non-finite steps before giving up
+    keep_checkpoints: int = 1
+    progress: bool = True  # tqdm bar (rank 0 only)
+    wandb_project: str | None = None  # log to Weights & Biases too, when installed
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len", "max_steps", "accumulation_steps", "eval_every",
+                     "eval_batches", "save_every", "max_bad_steps", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"TrainConfig.learning_rate must be positive, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision is {self.precision!r}; choose one of "
+                             f"{', '.join(PRECISIONS)}")
+        self.betas = tuple(self.betas)
+
+    @classmethod
+    def from_stage(cls, stage: StageSettings, **overrides: Any) -> TrainConfig:
+        """The config of a profile stage, e.g. ``TrainConfig.from_stage(profile.pretrain, out_dir=d)``.
+
+        >>> from minimind_lib.profiles import get_profile
+        >>> c = TrainConfig.from_stage(get_profile("smoke").pretrain, precision="fp32")
+        >>> (c.batch_size, c.max_steps, c.precision)
+        (8, 80, 'fp32')
+        """
+        mine = {f.name for f in fields(cls)}
+        values = {f.name: getattr(stage, f.name) for f in fields(stage) if f.name in mine}
+        return cls(**{**values, **overrides})
+
+    def lr(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        return lr_at(step, max_steps=self.max_steps, peak_lr=self.learning_rate,
+                     warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
+
+
+def lr_at(step: int, *, max_steps: int, peak_lr: float, warmup_steps: int,
+          min_lr_ratio: float) -> float:
+    """Linear warmup to ``peak_lr`` over ``warmup_steps``, then cosine decay to
+    ``min_lr_ratio * peak_lr`` at the last step (``max_steps - 1``)."""
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    min_lr = min_lr_ratio * peak_lr
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - 1 - warmup_steps))
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak_lr - min_lr)
+
+
+def default_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Next-token cross-entropy: ``model(input_ids, labels=labels).loss`` and no extra metrics."""
+    return model(batch["input_ids"], labels=batch["labels"]).loss, {}
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient."""
+
+
+# --- data order --------------------------------------------------------------------------
+
+
+class StepBatchSampler:
+    """Micro-batch index lists for optimizer steps ``start_step .. max_steps - 1`` of one rank.
+
+    >>> s = StepBatchSampler(8, batch_size=2, accumulation_steps=2, world_size=1, rank=0,
+    ...                      seed=0, start_step=0, max_steps=2)
+    >>> batches = list(s)
+    >>> len(batches), sorted(sum(batches[:2], []) + sum(batches[2:], [])) == list(range(8))
+    (4, True)
+    """
+
+    def __init__(self, num_examples: int, *, batch_size: int, accumulation_steps: int,
+                 world_size: int, rank: int, seed: int, start_step: int, max_steps: int):
+        self.global_batch = batch_size * accumulation_steps * world_size
+        self.steps_per_epoch = num_examples // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"the dataset has {num_examples} examples, fewer than one optimizer step needs "
+                f"(batch_size {batch_size} x accumulation_steps {accumulation_steps} x "
+                f"world_size {world_size} = {self.global_batch}); lower batch_size or add data")
+        self.num_examples, self.batch_size = num_examples, batch_size
+        self.accumulation_steps, self.rank, self.seed = accumulation_steps, rank, seed
+        self.start_step, self.max_steps = start_step, max_steps
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_examples, generator=g)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, perm = -1, None
+        for step in range(self.start_step, self.max_steps):
+            e, k = divmod(step, self.steps_per_epoch)
+            if e != epoch:
+                epoch, perm = e, self.permutation(e)
+            for m in range(self.accumulation_steps):  # rank r owns micro-batches r*A .. r*A+A-1
+                start = k * self.global_batch + (self.rank * self.accumulation_steps + m) * self.batch_size
+                yield perm[start:start + self.batch_size].tolist()
+
+    def __len__(self) -> int:
+        return max(0, self.max_steps - self.start_step) * self.accumulation_steps
+
+
+# --- distributed -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1), once.
+
+    NCCL on CUDA, gloo on CPU. Without torchrun (or with one process) nothing happens.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+# --- RNG state (for bit-exact resume) ----------------------------------------------------
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch RNG states as tensors and plain values (``weights_only``-safe)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                       "has_gauss": has_gauss, "gauss": gauss}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Inverse of ``rng_state``."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- pieces of the loop ------------------------------------------------------------------
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (>= 2-D) only, not on norms and biases."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.betas,
+                             fused=device.type == "cuda")
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, dataset: Dataset, *, batch_size: int, max_batches: int,
+                  device: torch.device, precision: Precision, loss_fn: LossFn = default_loss,
+                  collate_fn: Callable | None = None) -> float:
+    """Mean loss over the first ``max_batches`` batches of ``dataset`` (fixed order)."""
+    was_training = model.training
+    model.eval()
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
+    total, n = 0.0, 0
+    for i, batch in enumerate(loader):
+        if i == max_batches:
+            break
+        with precision.context(device):
+            loss, _ = loss_fn(model, _to_device(batch, device))
+        total, n = total + loss.float().item(), n + 1
+    model.train(was_training)
+    if n == 0:
+        raise ValueError("the validation dataset is empty")
+    return total / n
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl`` (one json object per optimizer step)."""
+
+    def __init__(self, path: Path | None, resume_step: int | None):
+        self.path = path
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = []
+        if resume_step is not None and path.is_file():  # drop rows after the checkpoint
+            rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["step"] <= resume_step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def write(self, row: dict) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def _wandb_run(config: TrainConfig):
+    if not config.wandb_project:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn("wandb_project is set but wandb is not installed; logging to "
+                      "metrics.jsonl only (pip install wandb)", stacklevel=3)
+        return None
+    return wandb.init(project=config.wandb_project, config=asdict(config))
+
+
+def _check_resumable(saved: dict, current: dict, path: Path) -> None:
+    for key in ("dataset_len", "batch_size", "accumulation_steps", "world_size", "seed"):
+        if saved[key] != current[key]:
+            raise ValueError(f"cannot resume from {path}: its {key} was {saved[key]}, now "
+                             f"{current[key]} (the data position would not line up)")
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
+          loss_fn: LossFn | None = None, eval_dataset: Dataset | None = None,
+          collate_fn: Callable | None = None, resume: bool = False,
+          callbacks: list[Callable[[dict], None]] | tuple = ()) -> list[dict]:
+    """Train ``model`` on ``dataset``; return this call's metrics rows (one per optimizer step).
+
+    With ``config.out_dir`` set: rows are appended to ``out_dir/metrics.jsonl`` and
+    checkpoints written to ``out_dir/checkpoints/``; ``resume=True`` continues from the
+    latest checkpoint there (or starts fresh when there is none). ``callbacks`` get each
+    row as it is logged (e.g. ``minimind_lib.plotting.LiveLossPlot``). Under ``torchrun``
+    every rank calls ``train``; rank 0 logs and saves.
+    """
+    loss_fn = loss_fn or default_loss
+    info = init_distributed()
+    device = pick_device(config.device)
+    if device.type == "cuda" and info.world_size > 1:
+        device = torch.device("cuda", info.local_rank)
+    precision = pick_precision(device, config.precision)
+    out_dir = Path(config.out_dir) if config.out_dir is not None else None
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs TrainConfig.out_dir (where the checkpoints are)")
+
+    seed_everything(config.seed)
+    model.to(device).train()
+    optimizer = make_optimizer(model, config, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.use_scaler)
+    data_pos = {"dataset_len": len(dataset), "batch_size": config.batch_size,
+                "accumulation_steps": config.accumulation_steps,
+                "world_size": info.world_size, "seed": config.seed}
+
+    start_step, elapsed0, tokens_seen, saved_rng = 0, 0.0, 0, None
+    ckpt = latest_checkpoint(out_dir) if resume else None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, model, device=device)
+        _check_resumable(state["data"], data_pos, ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        start_step, elapsed0, tokens_seen = state["step"], state["elapsed_s"], state["tokens_seen"]
+        saved_rng = state["rng"][info.rank]
+        if info.is_main:
+            print(f"resuming from {ckpt} at step {start_step}")
+    elif resume and info.is_main:
+        print(f"no checkpoint in {out_dir}; starting from step 0")
+
+    sampler = StepBatchSampler(len(dataset), batch_size=config.batch_size,
+                               accumulation_steps=config.accumulation_steps,
+                               world_size=info.world_size, rank=info.rank, seed=config.seed,
+                               start_step=start_step, max_steps=config.max_steps)
+    # subtle: a DataLoader draws a seed from the generator it is given (else from the global
+    # RNG) when it starts iterating; a private generator keeps the global stream untouched.
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
+                        num_workers=config.num_workers, pin_memory=device.type == "cuda",
+                        generator=torch.Generator())
+    batches = iter(loader)
+    if saved_rng is not None:
+        set_rng_state(saved_rng)  # after the loader started, so the streams line up exactly
+
+    forward = torch.compile(model) if config.compile else model
+    if info.world_size > 1:
+        forward = DistributedDataParallel(
+            forward, device_ids=[device.index] if device.type == "cuda" else None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    log = MetricsLog(out_dir / METRICS_FILE if out_dir and info.is_main else None,
+                     start_step if resume else None)
+    wandb_run = _wandb_run(config) if info.is_main else None
+    bar = tqdm(total=config.max_steps, initial=start_step, disable=not (config.progress and info.is_main),
+               desc="train", dynamic_ncols=True)
+
+    rows, bad_streak, t_start = [], 0, time.perf_counter()
+    for step in range(start_step, config.max_steps):
+        t0 = time.perf_counter()
+        lr = config.lr(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        sums: dict[str, torch.Tensor] = {}
+        step_tokens = 0
+        for micro in range(config.accumulation_steps):
+            batch = _to_device(next(batches), device)
+            step_tokens += batch["input_ids"].numel() * info.world_size
+            last = micro == config.accumulation_steps - 1
+            sync = contextlib.nullcontext() if last or info.world_size == 1 else forward.no_sync()
+            with sync:
+                with precision.context(device):
+                    loss, extra = loss_fn(forward, batch)
+                # mean over micro-batches: sum of (loss / A) grads == big-batch mean gradient
+                scaler.scale(loss / config.accumulation_steps).backward()
+            for name, value in {"loss": loss, **extra}.items():
+                value = torch.as_tensor(value, device=device).detach().float()
+                sums[name] = sums[name] + value if name in sums else value
+
+        if precision.use_scaler:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        names = sorted(sums)
+        packed = torch.stack([sums[n] for n in names] + [grad_norm.float()]) / torch.tensor(
+            [config.accumulation_steps] * len(names) + [1.0], device=device)
+        if info.world_size > 1:
+            dist.all_reduce(packed)  # every rank sees the same numbers, so all skip together
+            packed /= info.world_size  # (the grad norm is identical on every rank already)
+        values = dict(zip(names + ["grad_norm"], packed.tolist(), strict=True))
+
+        finite = math.isfinite(values["loss"]) and (precision.use_scaler or math.isfinite(values["grad_norm"]))
+        if finite:
+            scaler.step(optimizer)  # with fp16 it skips the update itself if gradients overflowed
+            bad_streak = 0
+        else:
+            bad_streak += 1
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        tokens_seen += step_tokens
+
+        t1 = time.perf_counter()
+        row = {"step": step + 1, **values, "lr": lr, "tokens": tokens_seen,
+               "tokens_per_s": step_tokens / max(t1 - t0, 1e-9),
+               "elapsed_s": elapsed0 + t1 - t_start}
+        if not finite:
+            row["skipped"] = True
+            if info.is_main:
+                print(f"step {step + 1}: non-finite loss/gradient (loss={values['loss']}, "
+                      f"grad_norm={values['grad_norm']}); step skipped")
+        is_last = step + 1 == config.max_steps
+        if eval_dataset is not None and info.is_main and ((step + 1) % config.eval_every == 0 or is_last):
+            row["val_loss"] = evaluate_loss(model, eval_dataset, batch_size=config.batch_size,
+                                            max_batches=config.eval_batches, device=device,
+                                            precision=precision, loss_fn=loss_fn,
+                                            collate_fn=collate_fn)
+        if out_dir is not None and ((step + 1) % config.save_every == 0 or is_last):
+            _save(out_dir, step + 1, model, optimizer, scaler, data_pos, tokens_seen,
+                  row["elapsed_s"], config, info)
+
+        rows.append(row)
+        log.write(row)
+        if wandb_run is not None:
+            wandb_run.log(row, step=step + 1)
+        for callback in callbacks if info.is_main else ():
+            callback(row)
+        if bad_streak >= config.max_bad_steps:
+            bar.close()
+            raise TrainingDiverged(
+                f"training stopped at step {step + 1}: {bad_streak} optimizer steps in a row had "
+                f"a non-finite loss or gradient. Lower the learning rate (now "
+                f"{config.learning_rate:g}) or train in bf16 instead of fp16 "
+                f"(precision is {precision.name}).")
+        bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{lr:.2e}",
+                        tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+        bar.update(1)
+    bar.close()
+    if wandb_run is not None:
+        wandb_run.finish()
+    return rows
+
+
+def _save(out_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+          scaler: torch.amp.GradScaler, data_pos: dict, tokens_seen: int, elapsed: float,
+          config: TrainConfig, info: DistInfo) -> None:
+    rngs = [rng_state()]
+    if info.world_size > 1:  # every rank's RNG (dropout streams differ), saved by rank 0
+        rngs = [None] * info.world_size
+        dist.all_gather_object(rngs, rng_state())
+    if info.is_main:
+        config_row = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                 "rng": rngs, "data": data_pos, "tokens_seen": tokens_seen, "elapsed_s": elapsed,
+                 "config": config_row}
+        save_checkpoint(out_dir, step, model, state, keep=config.keep_checkpoints)
+    if info.world_size > 1:
+        dist.barrier()

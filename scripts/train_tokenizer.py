@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""Rebuild the course tokenizer, data/tokenizer/, with the from-scratch trainer.
+
+    python scripts/train_tokenizer.py            # data/pretrain_sample.jsonl -> data/tokenizer/
+
+``minimind_lib.tokenizer.train_bpe`` (pure Python) learns 6,400 tokens from the bundled
+pretraining sample; HF ``tokenizers.BpeTrainer`` is then trained on the same texts and
+the two tokenizer.json files must be identical (use ``--no-check`` to skip that).
+The folder gets tokenizer.json, tokenizer_config.json (ChatML chat template) and
+special_tokens_map.json, which ``transformers.AutoTokenizer`` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from minimind_lib.data import read_jsonl
+from minimind_lib.tokenizer import (
+    COURSE_CORPUS,
+    COURSE_TOKENIZER,
+    COURSE_VOCAB_SIZE,
+    train_bpe,
+    train_bpe_fast,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--input", type=Path, default=COURSE_CORPUS, help="pretraining jsonl")
+    parser.add_argument("--out", type=Path, default=COURSE_TOKENIZER.parent, help="output folder")
+    parser.add_argument("--vocab-size", type=int, default=COURSE_VOCAB_SIZE)
+    parser.add_argument("--no-check", action="store_true", help="skip the comparison with HF")
+    args = parser.parse_args()
+
+    texts = [record["text"] for record in read_jsonl(args.input, "pretrain")]
+    print(f"{args.input}: {len(texts)} documents, {sum(map(len, texts)):,} characters")
+    start = time.perf_counter()
+    tok = train_bpe(texts, args.vocab_size)
+    print(f"train_bpe: {len(tok)} tokens, {len(tok.merges)} merges in "
+          f"{time.perf_counter() - start:.1f} s")
+    if not args.no_check:
+        same = tok.to_dict() == train_bpe_fast(texts, args.vocab_size).to_dict()
+        print(f"identical to tokenizers.BpeTrainer (vocab, merges, whole tokenizer.json): {same}")
+        if not same:
+            raise SystemExit("the from-scratch trainer disagrees with HF; not writing")
+    tok.save_pretrained(args.out)
+    print(f"wrote {', '.join(sorted(p.name for p in args.out.iterdir()))} to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,10 +13,11 @@ file, the line and what is wrong, e.g. ``data/x.jsonl:3: field 'text' is missing
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 
 from minimind_lib import DATA_DIR
 from minimind_lib.checkpoint import atomic_write_text
+from minimind_lib.tokenizer import BPETokenizer, chat_parts
 
 SCHEMAS = ("pretrain", "sft", "dpo")
 ROLES = ("system", "user", "assistant")
@@ -211,24 +213,30 @@ def pretokenize(
     meta_path.unlink(missing_ok=True)
     val_every = round(1 / val_fraction) if val_fraction > 0 else 0
     counts = {s: {"tokens": 0, "documents": 0} for s in SPLITS}
-    outs = {s: (out_dir / f"{s}.bin").open("wb") for s in SPLITS}
-    bar = tqdm(total=max_examples, unit="doc", desc="tokenise", disable=not progress)
+    # written under temporary names: a reader of the previous streams never sees them change
+    tmp = {s: out_dir / f"{s}.bin.tmp-{os.getpid()}" for s in SPLITS}
     n_docs = 0
     try:
-        texts: list[str] = []
-        records = (r for f in files for r in read_jsonl(f, "pretrain"))
-        for record in itertools.islice(records, max_examples):
-            texts.append(record["text"])
-            if len(texts) == docs_per_batch:
-                n_docs = _write_docs(tok, texts, n_docs, val_every, eos_id, outs, counts)
-                bar.update(len(texts))
-                texts = []
-        n_docs = _write_docs(tok, texts, n_docs, val_every, eos_id, outs, counts)
-        bar.update(len(texts))
-    finally:
-        bar.close()
-        for f in outs.values():
-            f.close()
+        with contextlib.ExitStack() as stack:
+            outs = {s: stack.enter_context(tmp[s].open("wb")) for s in SPLITS}
+            bar = stack.enter_context(tqdm(total=max_examples, unit="doc", desc="tokenise",
+                                           disable=not progress))
+            texts: list[str] = []
+            records = (r for f in files for r in read_jsonl(f, "pretrain"))
+            for record in itertools.islice(records, max_examples):
+                texts.append(record["text"])
+                if len(texts) == docs_per_batch:
+                    n_docs = _write_docs(tok, texts, n_docs, val_every, eos_id, outs, counts)
+                    bar.update(len(texts))
+                    texts = []
+            n_docs = _write_docs(tok, texts, n_docs, val_every, eos_id, outs, counts)
+            bar.update(len(texts))
+    except BaseException:  # a bad line or an interrupt: leave no half-written stream behind
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        raise
+    for s in SPLITS:
+        os.replace(tmp[s], out_dir / f"{s}.bin")
     meta = {"dtype": "uint16", "vocab_size": tok.get_vocab_size(), "eos_id": eos_id,
             "splits": counts, "sources": sources}
     atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
@@ -296,3 +304,192 @@ def load_pretrain_split(out_dir: str | Path, split: str, seq_len: int) -> Pretra
     if not (Path(out_dir) / PRETOKENIZED_META).is_file():
         raise FileNotFoundError(f"{out_dir}: no {PRETOKENIZED_META} (pretokenize did not finish)")
     return PretrainDataset(Path(out_dir) / f"{split}.bin", seq_len)
+
+
+# --- SFT: ChatML conversations with answer-only labels (notebook 05) ---------------------
+
+IGNORE_INDEX = -100  # label of a position that gets no loss (F.cross_entropy's ignore_index)
+PAD_TOKEN = "<|endoftext|>"
+END_OF_TURN = "<|im_end|>"
+
+
+def encode_texts(tok: BPETokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """``[tok.encode(t, allowed_special=set()) for t in texts]``, computed by HF ``tokenizers``
+    (Rust, every core) from the same ``tokenizer.json``, which yields identical ids.
+
+    Special-token strings inside the texts stay plain text, as message content does in
+    ``encode_chat``.
+
+    >>> from minimind_lib.tokenizer import load_tokenizer
+    >>> tok = load_tokenizer()
+    >>> encode_texts(tok, ["hi <|im_end|>"]) == [tok.encode("hi <|im_end|>", allowed_special=set())]
+    True
+    """
+    from tokenizers import Tokenizer
+
+    fast = Tokenizer.from_str(json.dumps(tok.to_dict()))
+    fast.encode_special_tokens = True  # special-token strings are text here, never markers
+    return [e.ids for e in fast.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
+    """The rendered conversation (``apply_chat_template``) as ``(text, is_special, supervised)``
+    pieces: the assistant's content and the ``<|im_end|>`` closing its turn are supervised;
+    system and user turns, role markers and newlines are not.
+
+    >>> for seg in sft_segments([{"role": "user", "content": "1+1?"},
+    ...                          {"role": "assistant", "content": "2"}])[4:]:
+    ...     print(seg)
+    ('<|im_start|>', True, False)
+    ('user\\n1+1?', False, False)
+    ('<|im_end|>', True, False)
+    ('\\n', False, False)
+    ('<|im_start|>', True, False)
+    ('assistant\\n', False, False)
+    ('2', False, True)
+    ('<|im_end|>', True, True)
+    ('\\n', False, False)
+    """
+    segments: list[tuple[str, bool, bool]] = []
+    parts = chat_parts(messages)
+    in_reply = False
+    for k, (text, special) in enumerate(parts):
+        if special:
+            segments.append((text, True, in_reply and text == END_OF_TURN))
+            in_reply = False
+            continue
+        role, _, content = text.partition("\n")
+        if k > 0 and parts[k - 1][0] == "<|im_start|>" and role == "assistant":
+            # subtle: the role header and the reply are encoded apart, exactly as at inference,
+            # where the prompt ends with the generation prompt "assistant\n" and the model
+            # writes the reply's tokens after it (joined, BPE could merge across the "\n").
+            segments += [("assistant\n", False, False), (content, False, True)]
+            in_reply = True
+        else:
+            segments.append((text, False, False))
+    return segments
+
+
+def _assemble(tok: BPETokenizer, segments: Sequence[tuple[str, bool, bool]],
+              encoded: Iterator[list[int]], max_length: int) -> tuple[list[int], list[int]]:
+    """Join segment ids (``encoded`` holds the non-special ones, in order) and their labels."""
+    ids: list[int] = []
+    labels: list[int] = []
+    for text, special, supervised in segments:
+        piece = [tok.token_to_id(text)] if special else next(encoded)
+        ids += piece
+        labels += piece if supervised else [IGNORE_INDEX] * len(piece)
+    return ids[:max_length], labels[:max_length]
+
+
+def sft_example(tok: BPETokenizer, messages: Sequence[dict],
+                max_length: int) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of one conversation, cut to ``max_length`` tokens.
+
+    ``input_ids`` is the ChatML rendering; ``labels`` equals it on the assistant's content
+    tokens and the ``<|im_end|>`` closing each assistant turn (every turn of a multi-turn
+    chat), and is ``IGNORE_INDEX`` (-100) everywhere else. Labels are aligned with the inputs
+    (the model shifts them). Truncation can leave no supervised token: ``SFTDataset`` skips
+    and counts such examples.
+
+    >>> from minimind_lib.tokenizer import load_tokenizer
+    >>> tok = load_tokenizer()
+    >>> ids, labels = sft_example(tok, [{"role": "user", "content": "Hi"},
+    ...                                 {"role": "assistant", "content": "Hello!"}], 64)
+    >>> tok.decode([t for t in labels if t != -100])
+    'Hello!<|im_end|>'
+    >>> sum(t != -100 for t in sft_example(tok, [{"role": "user", "content": "Hi"},
+    ...                                          {"role": "assistant", "content": "Hello!"}], 8)[1])
+    0
+    """
+    if max_length <= 0:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    segments = sft_segments(messages)
+    encoded = (tok.encode(t, allowed_special=set()) for t, special, _ in segments if not special)
+    return _assemble(tok, segments, encoded, max_length)
+
+
+class SFTDataset(Dataset):
+    """Conversations as ``sft_example``s, for ``train(..., collate_fn=dataset.collate)``.
+
+    ``answer_only=False`` puts the loss on every token instead (the notebook's ablation);
+    the examples kept are the same either way. Examples whose truncation to ``max_length``
+    leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
+    once, in batches through ``encode_texts``; ids live in one flat array.
+
+    >>> from minimind_lib.tokenizer import load_tokenizer
+    >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    >>> ds = SFTDataset([{"conversations": chat}] * 2, load_tokenizer(), max_length=64,
+    ...                 progress=False)
+    >>> batch = ds.collate([ds[0], ds[1]])
+    >>> len(ds), ds.skipped, batch["input_ids"].shape == batch["labels"].shape
+    (2, 0, True)
+    """
+
+    def __init__(self, records: Iterable[dict], tok: BPETokenizer, max_length: int, *,
+                 answer_only: bool = True, max_examples: int | None = None,
+                 chunk_size: int = 2048, progress: bool = True):
+        if max_length <= 0:
+            raise ValueError(f"max_length must be positive, got {max_length}")
+        self.max_length, self.answer_only = max_length, answer_only
+        self.pad_id = tok.token_to_id(PAD_TOKEN)
+        self.skipped = 0
+        ids_parts: list[np.ndarray] = []
+        mask_parts: list[np.ndarray] = []
+        lengths: list[int] = []
+        bar = tqdm(total=max_examples, unit="chat", desc="tokenise SFT", disable=not progress)
+        records = iter(itertools.islice(records, max_examples))
+        while chunk := list(itertools.islice(records, chunk_size)):
+            all_segments = [sft_segments(r["conversations"]) for r in chunk]
+            texts = [t for segs in all_segments for t, special, _ in segs if not special]
+            encoded = iter(encode_texts(tok, texts))
+            for segments in all_segments:
+                ids, labels = _assemble(tok, segments, encoded, max_length)
+                supervised = np.asarray(labels) != IGNORE_INDEX  # (L,)
+                if not supervised.any():
+                    self.skipped += 1
+                    continue
+                ids_parts.append(np.asarray(ids, dtype=np.int32))
+                mask_parts.append(supervised)
+                lengths.append(len(ids))
+            bar.update(len(chunk))
+        bar.close()
+        if not lengths:
+            raise ValueError(f"no SFT example has a supervised token within max_length "
+                             f"{max_length} ({self.skipped} skipped); raise max_length (seq_len)")
+        self._ids = np.concatenate(ids_parts)  # (total tokens,)
+        self._supervised = np.concatenate(mask_parts)  # (total tokens,)
+        self._offsets = np.concatenate([[0], np.cumsum(lengths)])  # (N + 1,)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        start, end = self._offsets[i], self._offsets[i + 1]
+        ids = torch.from_numpy(self._ids[start:end].astype(np.int64))  # (L,)
+        if not self.answer_only:
+            return {"input_ids": ids, "labels": ids.clone()}
+        keep = torch.from_numpy(self._supervised[start:end])  # (L,)
+        return {"input_ids": ids, "labels": ids.masked_fill(~keep, IGNORE_INDEX)}
+
+    def collate(self, batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Right-pad to the longest example of the batch: pad id in the inputs, -100 in the
+        labels (causal attention keeps real tokens from seeing the pads on their right)."""
+        return pad_sft_batch(batch, self.pad_id)
+
+
+def pad_sft_batch(batch: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Stack ``{"input_ids", "labels"}`` examples of different lengths into (B, T_max) tensors.
+
+    >>> b = pad_sft_batch([{"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])},
+    ...                    {"input_ids": torch.tensor([5]), "labels": torch.tensor([-100])}], pad_id=0)
+    >>> b["input_ids"].tolist(), b["labels"].tolist()
+    ([[5, 6, 7], [5, 0, 0]], [[-100, 6, 7], [-100, -100, -100]])
+    """
+    width = max(len(x["input_ids"]) for x in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # (B, T)
+    labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+    for row, x in enumerate(batch):
+        input_ids[row, :len(x["input_ids"])] = x["input_ids"]
+        labels[row, :len(x["labels"])] = x["labels"]
+    return {"input_ids": input_ids, "labels": labels}

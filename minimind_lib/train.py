@@ -154,6 +154,24 @@ def default_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
     return model(batch["input_ids"], labels=batch["labels"]).loss, {}
 
 
+def flops_per_token(config: Any, seq_len: int) -> float:
+    """Training FLOPs per token of a MiniMind model: ``6 N + 12 L C T`` (PaLM, appendix B).
+
+    ``6 N``: forward (2 N) plus backward (4 N) multiply-adds through the ``N`` weights (the tied
+    embedding counts once: as the output head's matmul; the lookup costs nothing); ``12 L C T``:
+    the attention scores and weighted sums over ``T`` positions in ``L`` layers of width ``C``.
+    Model FLOPs utilisation (MFU) = ``flops_per_token * tokens/s / peak FLOP/s``.
+
+    >>> from minimind_lib.model import MiniMindConfig
+    >>> round(flops_per_token(MiniMindConfig(), 512) / 1e6, 1)  # MiniMind2-Small at T = 512
+    180.1
+    """
+    from minimind_lib.model import MiniMindForCausalLM
+
+    n_params = MiniMindForCausalLM(config).num_parameters()
+    return 6 * n_params + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+
+
 class TrainingDiverged(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 

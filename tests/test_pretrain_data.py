@@ -76,6 +76,7 @@ def test_a_bad_line_names_file_and_line_and_leaves_no_meta(corpus, tmp_path):
     with pytest.raises(DataFormatError, match=r"pretrain.jsonl:41: field 'text' is missing"):
         pretokenize([path], tok_path, tmp_path / "d", progress=False)
     assert not (tmp_path / "d" / "meta.json").exists()  # never mistaken for a finished output
+    assert not list((tmp_path / "d").glob("*.tmp-*"))  # and no half-written streams left
     with pytest.raises(FileNotFoundError, match="pretokenize did not finish"):
         load_pretrain_split(tmp_path / "d", "train", 8)
 

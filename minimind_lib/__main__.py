@@ -1,0 +1,144 @@
+"""Command line: ``python -m minimind_lib <command> [options]``.
+
+Every stage registered in ``minimind_lib.pipeline`` is a subcommand taking the same options::
+
+    python -m minimind_lib pretrain --profile cpu [--out DIR] [--resume]
+    torchrun --nproc_per_node 2 -m minimind_lib pretrain --profile full   # DDP
+
+A named stage always runs (its prerequisites only when missing); outputs go to
+``<out>/<stage>/`` with ``<out>`` = ``runs/<profile>`` by default. Other commands (chat,
+serve, all) go in ``COMMANDS``: a help line, a function adding their options, and a function
+running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from functools import partial
+
+from minimind_lib import pipeline
+from minimind_lib.device import PRECISIONS
+from minimind_lib.profiles import PROFILE_NAMES, get_profile
+
+#: extra subcommands: name -> (help, add_arguments(parser), run(args) -> exit code)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
+                          Callable[[argparse.Namespace], int]]] = {}
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """--profile and --out, shared by every command."""
+    parser.add_argument("--profile", choices=PROFILE_NAMES, default=None,
+                        help="smoke | cpu | full | auto (default: $MINIMIND_PROFILE, else auto)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="root of the stage folders (default: runs/<profile>)")
+
+
+def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the stage's latest checkpoint")
+    parser.add_argument("--device", default=None, help="cuda | cuda:1 | mps | cpu (default: best)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="training precision (default: auto = bf16 where supported)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_stage(name: str, args: argparse.Namespace) -> int:
+    out = pipeline.ensure(name, get_profile(args.profile), root=args.out, force=True,
+                          resume=args.resume, device=args.device, precision=args.precision,
+                          progress=not args.no_progress)
+    print(f"{name}: done -> {out}")
+    return 0
+
+
+# --- talking to the model: chat and serve (minimind_lib.serve, notebook 08) -------------
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument("--model", default=None, metavar="DIR",
+                        help="a stage folder (default: the newest finished of dpo, sft, pretrain "
+                             "under --out)")
+    parser.add_argument("--device", default=None, help="cuda | mps | cpu (default: best)")
+
+
+def load_chosen_model(args: argparse.Namespace):
+    from minimind_lib import serve
+
+    model_dir = args.model or serve.find_model_dir(args.out or get_profile(args.profile).runs_dir)
+    model, tokenizer = serve.load_for_serving(model_dir, args.device)
+    print(f"model: {model_dir} ({model.num_parameters():,} parameters)", file=sys.stderr)
+    return model, tokenizer
+
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--system", default=None, help="a system message")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from minimind_lib import serve
+
+    params = serve.SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    model, tokenizer = load_chosen_model(args)
+    serve.chat_loop(serve.ChatSession(model, tokenizer, args.system, params))
+    return 0
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8998)
+    parser.add_argument("--name", default="minimind", help="the model id clients see")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from minimind_lib import serve
+
+    model, tokenizer = load_chosen_model(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: binding {args.host}: the server is reachable from other machines and "
+              "has no authentication", file=sys.stderr)
+    print(f"serving on http://{args.host}:{args.port} (POST /generate, "
+          "POST /v1/chat/completions, GET /v1/models)", file=sys.stderr)
+    uvicorn.run(serve.create_app(model, tokenizer, model_name=args.name), host=args.host,
+                port=args.port, log_level="warning")
+    return 0
+
+
+COMMANDS["chat"] = ("talk to the model in the terminal", add_chat_arguments, run_chat)
+COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
+                     run_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minimind_lib",
+                                     description="MiniMind from Scratch: run the course's stages.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for stage in pipeline.STAGES.values():
+        p = sub.add_parser(stage.name, help=stage.description)
+        add_stage_arguments(p)
+        p.set_defaults(func=partial(run_stage, stage.name))
+    for name, (help_text, add_arguments, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Plots of training runs: curves from ``metrics.jsonl`` and a live loss plot (notebook 04).
+
+``plot_metrics`` draws loss (train and, where logged, validation) and learning rate against
+the optimizer step; ``extra`` names further metrics to plot (DPO's reward margins, say).
+``LiveLossPlot`` is a ``train`` callback that redraws one figure in place in a notebook.
+
+>>> rows = [{"step": s, "loss": 5.0 / s, "lr": 1e-3} for s in range(1, 5)]
+>>> rows[-1]["val_loss"] = 1.5
+>>> fig = plot_metrics(rows)
+>>> [ax.get_ylabel() for ax in fig.axes]
+['loss', 'learning rate']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a ``metrics.jsonl`` (one json object per line)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _series(rows: Sequence[dict], key: str) -> tuple[list, list]:
+    points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_metrics(metrics: Sequence[dict] | str | Path, *, title: str | None = None,
+                 extra: Sequence[str] = (), fig: Figure | None = None) -> Figure:
+    """Loss (train + validation) and learning rate against step, plus one panel per ``extra``."""
+    rows = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
+    panels = 2 + len(extra)
+    if fig is None:
+        fig = plt.figure(figsize=(4.2 * panels, 3.2))
+    fig.clear()
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    steps, loss = _series(rows, "loss")
+    axes[0].plot(steps, loss, lw=1, label="train")
+    vsteps, vloss = _series(rows, "val_loss")
+    if vsteps:
+        axes[0].plot(vsteps, vloss, "o-", ms=4, label="validation")
+    axes[0].set(xlabel="step", ylabel="loss")
+    axes[0].legend()
+    axes[1].plot(*_series(rows, "lr"), color="tab:green")
+    axes[1].set(xlabel="step", ylabel="learning rate")
+    for ax, key in zip(axes[2:], extra, strict=True):
+        ax.plot(*_series(rows, key), color="tab:purple")
+        ax.set(xlabel="step", ylabel=key)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+class LiveLossPlot:
+    """A ``train`` callback redrawing the loss curves every ``every`` steps, in place.
+
+    Cheap: one small figure re-rendered every ``every`` steps (and at every validation);
+    outside IPython it only collects the rows.
+    """
+
+    def __init__(self, every: int = 10, title: str | None = None):
+        self.every, self.title = every, title
+        self.rows: list[dict] = []
+        self._fig: Figure | None = None
+        self._handle = None
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(row)
+        if row["step"] % self.every == 0 or "val_loss" in row:
+            self.draw()
+
+    def draw(self) -> None:
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            return
+        if get_ipython() is None:
+            return
+        if self._fig is None:
+            self._fig = plt.figure(figsize=(8.4, 3.2))
+        plot_metrics(self.rows, title=self.title, fig=self._fig)
+        if self._handle is None:
+            self._handle = display(self._fig, display_id=True)
+            plt.close(self._fig)  # shown through the handle only, not again at cell end
+        else:
+            self._handle.update(self._fig)

@@ -1,0 +1,91 @@
+"""The pipeline's tokenizer and pretrain stages, end to end on the bundled data (smoke profile)."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from minimind_lib import DATA_DIR, pipeline
+from minimind_lib.__main__ import main
+from minimind_lib.checkpoint import load_model
+from minimind_lib.plotting import read_metrics
+from minimind_lib.profiles import get_profile
+
+pytestmark = pytest.mark.skipif(not (DATA_DIR / "tokenizer" / "tokenizer.json").is_file()
+                                or not (DATA_DIR / "pretrain_sample.jsonl").is_file(),
+                                reason="bundled tokenizer/data not built (make data)")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """``python -m minimind_lib pretrain --profile smoke`` into a temporary runs folder."""
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["pretrain", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 0
+    return root
+
+
+def test_pretrain_loss_falls_in_the_smoke_profile(smoke_run):
+    rows = read_metrics(smoke_run / "pretrain")
+    profile = get_profile("smoke")
+    assert [r["step"] for r in rows] == list(range(1, profile.pretrain.max_steps + 1))
+    start = sum(r["loss"] for r in rows[:5]) / 5
+    end = sum(r["loss"] for r in rows[-5:]) / 5
+    # starts near ln(6400) = 8.76 (uniform guess); 80 steps on real text must gain > 1 nat
+    assert abs(start - math.log(profile.model.vocab_size)) < 0.5
+    assert end < start - 1.0, (start, end)
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(val) == profile.pretrain.max_steps // profile.pretrain.eval_every
+    assert val[-1] < val[0] and val[-1] < start - 1.0
+
+
+def test_pretrain_output_is_a_model_folder(smoke_run):
+    out = smoke_run / "pretrain"
+    model = load_model(out)
+    assert model.config == get_profile("smoke").model
+    ids = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, temperature=0)
+    assert ids.shape == (1, 7)
+    marker = json.loads((out / pipeline.MARKER).read_text())
+    assert marker["summary"]["steps"] == 80 and marker["summary"]["val_windows"] > 0
+    assert (smoke_run / "tokenizer" / "tokenizer.json").read_bytes() == (
+        DATA_DIR / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_ensure_reuses_a_complete_stage(smoke_run, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("ensure retrained a complete stage")
+
+    monkeypatch.setattr(pipeline, "train", no_training)
+    assert pipeline.ensure("pretrain", "smoke", root=smoke_run) == smoke_run / "pretrain"
+
+
+def test_changed_settings_make_a_stage_stale(smoke_run):
+    profile = get_profile("smoke")
+    assert pipeline.is_complete("pretrain", profile, smoke_run)
+    longer = replace(profile, pretrain=replace(profile.pretrain, max_steps=81))
+    assert not pipeline.is_complete("pretrain", longer, smoke_run)
+
+
+def test_a_failed_stage_leaves_no_marker(tmp_path, monkeypatch):
+    def boom(ctx):
+        (ctx.out_dir / "half.txt").write_text("partial")
+        raise RuntimeError("killed")
+
+    monkeypatch.setitem(pipeline.STAGES, "boom", pipeline.Stage("boom", boom))
+    with pytest.raises(RuntimeError, match="killed"):
+        pipeline.ensure("boom", "smoke", root=tmp_path)
+    assert not (tmp_path / "boom" / pipeline.MARKER).exists()
+    assert not pipeline.is_complete("boom", get_profile("smoke"), tmp_path)
+
+
+def test_unknown_stage_lists_the_stages():
+    with pytest.raises(ValueError, match="unknown stage 'sfft'; stages: tokenizer, pretrain"):
+        pipeline.ensure("sfft", "smoke")
+
+
+def test_cli_has_a_subcommand_per_stage(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in pipeline.STAGES)

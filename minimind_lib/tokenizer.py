@@ -463,28 +463,32 @@ class BPETokenizer:
         sym = [self.vocab[c] for c in word]
         n = len(sym)
         nxt, prv, alive = list(range(1, n)) + [-1], list(range(-1, n - 1)), [True] * n
+        get, pop, push = self._ranks.get, heapq.heappop, heapq.heappush
         heap = []  # (rank, left position, merged id)
         for i, pair in enumerate(itertools.pairwise(sym)):
-            if pair in self._ranks:
-                rank, new = self._ranks[pair]
-                heap.append((rank, i, new))
+            merge = get(pair)
+            if merge is not None:
+                heap.append((merge[0], i, merge[1]))
         heapq.heapify(heap)
         while heap:
-            rank, i, new = heapq.heappop(heap)
+            _, i, new = pop(heap)
             j = nxt[i]
-            if not alive[i] or j == -1:
+            if j == -1 or not alive[i]:
                 continue
-            current = self._ranks.get((sym[i], sym[j]))
+            current = get((sym[i], sym[j]))
             if current is None or current[1] != new:  # stale: a neighbour merged first
                 continue
             sym[i], alive[j], nxt[i] = new, False, nxt[j]
-            if nxt[j] != -1:
-                prv[nxt[j]] = i
-            for left, right in ((prv[i], i), (i, nxt[i])):
-                if left != -1 and right != -1:
-                    merge = self._ranks.get((sym[left], sym[right]))
-                    if merge is not None:
-                        heapq.heappush(heap, (merge[0], left, merge[1]))
+            k, h = nxt[j], prv[i]
+            if h != -1:  # the new pair on the left
+                merge = get((sym[h], new))
+                if merge is not None:
+                    push(heap, (merge[0], h, merge[1]))
+            if k != -1:  # and on the right
+                prv[k] = i
+                merge = get((new, sym[k]))
+                if merge is not None:
+                    push(heap, (merge[0], i, merge[1]))
         return [s for s, keep in zip(sym, alive, strict=True) if keep]
 
     # -- decoding --

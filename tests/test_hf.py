@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.hf import from_hf, from_pretrained, save_pretrained, to_hf  # noqa: E402
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, attention_maps  # noqa: E402
 
 BASE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
@@ -135,3 +135,15 @@ def test_save_pretrained_with_the_course_tokenizer(tmp_path):
     assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
     assert tok.decode(tok("hello, MiniMind")["input_ids"]) == "hello, MiniMind"
     assert tok.chat_template
+
+
+def test_attention_maps_equal_llama_eager_attentions():
+    ours = make_model(CONFIGS["gqa-tied"])
+    theirs = to_hf(ours, attn_implementation="eager")
+    ids = torch.randint(0, 300, (2, 24))
+    with torch.no_grad():
+        ref = torch.stack(theirs(ids, output_attentions=True).attentions)  # (L, B, H, T, T)
+    maps = attention_maps(ours, ids)
+    # probabilities in [0, 1] from the same fp32 ops: rounding only
+    torch.testing.assert_close(maps, ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))

@@ -523,6 +523,7 @@ class BackgroundServer:
 
 def launch_server_process(model_dir: str | os.PathLike | None = None, port: int | None = None,
                           host: str = "127.0.0.1", profile: str | None = None,
+                          device: str | None = None,
                           timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
     """Start ``python -m minimind_lib serve`` in a background process and wait until it answers.
 
@@ -536,6 +537,8 @@ def launch_server_process(model_dir: str | os.PathLike | None = None, port: int 
         cmd += ["--model", str(model_dir)]
     if profile is not None:
         cmd += ["--profile", profile]
+    if device is not None:
+        cmd += ["--device", device]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, deadline = f"http://{host}:{port}", time.monotonic() + timeout
     while time.monotonic() < deadline:

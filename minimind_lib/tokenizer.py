@@ -52,9 +52,10 @@ COURSE_VOCAB_SIZE = 6400
 #: contractions, letters (with one leading space), digits, other symbols, whitespace.
 #: subtle: ``\s+(?!\S)`` leaves the last space of a run for the next word, so
 #: "a   b" -> ["a", "  ", " b"] and every word but the first keeps its leading space.
-#: subtle: ``\p{L}`` / ``\p{N}`` come from the ``regex`` package's Unicode tables;
-#: tokenizers 0.23 (Oniguruma) knows Unicode 16, ``regex`` 2026 knows 17, so only
-#: characters first assigned in Unicode 17 are split differently.
+#: subtle: ``\p{L}`` / ``\p{N}`` come from the ``regex`` package's Unicode tables, which
+#: are newer than those of tokenizers' Oniguruma: 17,480 code points (e.g. U+0558), all
+#: unassigned in Python 3.11's Unicode 14, are letters to one and not the other.  Every
+#: character Python's tables know splits identically (tests/test_tokenizer.py).
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _SPLIT = regex.compile(GPT2_SPLIT_PATTERN)
 
@@ -62,7 +63,6 @@ _SPLIT = regex.compile(GPT2_SPLIT_PATTERN)
 # --- 1-2. bytes, the byte -> character map, pre-tokenization ---------------------------
 
 
-@lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's map from each byte (0-255) to a printable character.
 
@@ -82,9 +82,9 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(sorted(mapping.items()))
 
 
-# str.translate table: Latin-1 code point (= byte value) -> mapped character
-_BYTE_TABLE = {b: c for b, c in bytes_to_unicode().items()}
-_CHAR_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+# str.translate table: Latin-1 code point (= byte value) -> mapped character, and back
+_BYTE_TABLE = bytes_to_unicode()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TABLE.items()}
 
 
 def to_byte_level(text: str) -> str:
@@ -122,19 +122,6 @@ def count_words(texts: Iterable[str]) -> Counter[str]:
 
 
 # --- 3. learning the merges ----------------------------------------------------------------
-
-
-def count_pairs(words: Sequence[Sequence[int]], counts: Sequence[int]) -> dict[tuple[int, int], int]:
-    """Pair counts: word frequency x adjacent windows; overlaps count.
-
-    >>> count_pairs([[1, 1, 1], [1, 2]], [5, 2])   # "aaa" x5 holds (1, 1) twice
-    {(1, 1): 10, (1, 2): 2}
-    """
-    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    for word, n in zip(words, counts, strict=True):
-        for pair in itertools.pairwise(word):
-            pair_counts[pair] += n
-    return dict(pair_counts)
 
 
 def merge_pair(word: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
@@ -237,7 +224,7 @@ def learn_merges(word_counts: dict[str, int], id_to_token: list[str], vocab_size
 def _initial_symbols(vocab_size: int, special_tokens: Sequence[str]) -> list[str]:
     """Specials in order, then the 256 byte symbols sorted by code point (HF's order)."""
     symbols = list(dict.fromkeys(special_tokens))
-    symbols += [c for c in sorted(bytes_to_unicode().values()) if c not in symbols]
+    symbols += [c for c in sorted(_BYTE_TABLE.values()) if c not in symbols]
     if vocab_size < len(symbols):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: a byte-level BPE needs the 256 byte "
@@ -328,13 +315,12 @@ class BPETokenizer:
                  added_tokens: Sequence[AddedToken] = (), *, add_prefix_space: bool = False,
                  use_regex: bool = True, ignore_merges: bool = False,
                  cache_size: int = 100_000) -> None:
-        missing = [c for c in bytes_to_unicode().values() if c not in vocab]
+        missing = [c for c in _BYTE_TABLE.values() if c not in vocab]
         if missing:
             raise ValueError(f"the vocab lacks {len(missing)} of the 256 byte symbols (e.g. "
                              f"{missing[0]!r}); supported: byte-level BPE holding all 256")
-        self.vocab = dict(vocab)
-        for t in added_tokens:
-            self.vocab.setdefault(t.content, t.id)
+        self._model_vocab = dict(vocab)  # what BPE itself knows (added tokens aside)
+        self.vocab = {**vocab, **{t.content: t.id for t in added_tokens}}  # added ids win, as in HF
         self.merges = [tuple(m) for m in merges]
         self.added_tokens = list(added_tokens)
         self.add_prefix_space, self.use_regex, self.ignore_merges = add_prefix_space, use_regex, ignore_merges
@@ -458,9 +444,9 @@ class BPETokenizer:
         A heap holds (rank, position) of every mergeable adjacent pair; symbols form
         a linked list, so a merge only creates the two pairs around it.
         """
-        if self.ignore_merges and word in self.vocab:
-            return [self.vocab[word]]
-        sym = [self.vocab[c] for c in word]
+        if self.ignore_merges and word in self._model_vocab:
+            return [self._model_vocab[word]]
+        sym = [self._model_vocab[c] for c in word]
         n = len(sym)
         nxt, prv, alive = list(range(1, n)) + [-1], list(range(-1, n - 1)), [True] * n
         get, pop, push = self._ranks.get, heapq.heappop, heapq.heappush
@@ -529,7 +515,7 @@ class BPETokenizer:
             "model": {"type": "BPE", "dropout": None, "unk_token": None,
                       "continuing_subword_prefix": None, "end_of_word_suffix": None,
                       "fuse_unk": False, "byte_fallback": False, "ignore_merges": self.ignore_merges,
-                      "vocab": dict(sorted(self.vocab.items(), key=lambda kv: kv[1])),
+                      "vocab": dict(sorted(self._model_vocab.items(), key=lambda kv: kv[1])),
                       "merges": [list(m) for m in self.merges]},
         }
 
@@ -577,6 +563,8 @@ class BPETokenizer:
 
         if model.get("type") != "BPE":
             raise fail(f"model type {model.get('type')!r} is not supported")
+        if not isinstance(model.get("vocab"), dict) or not isinstance(model.get("merges"), list):
+            raise fail("model.vocab (an object) or model.merges (a list) is missing")
         if pre.get("type") != "ByteLevel":
             raise fail(f"pre_tokenizer {pre.get('type')!r} is not supported")
         if data.get("normalizer") is not None:

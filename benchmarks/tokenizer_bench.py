@@ -8,8 +8,8 @@
    ``encode`` per document and ``encode_batch`` (Rust, all cores), with identical ids.
 
 Runs alternate between the two sides and report the median, so a noisy shared CPU hits
-both alike.  Usage: ``python benchmarks/tokenizer_bench.py [--reps N]`` (about 1-2 min
-on 2 cores).
+both alike.  Usage: ``python benchmarks/tokenizer_bench.py [--reps N]`` (about 65 s of
+CPU time; longer in wall time on a busy machine).
 """
 
 from __future__ import annotations

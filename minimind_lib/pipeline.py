@@ -39,6 +39,7 @@ from minimind_lib.data import dataset_files, load_pretrain_split, pretokenize
 from minimind_lib.device import seed_everything
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile, get_profile
+from minimind_lib.sft import sft_stage
 from minimind_lib.train import METRICS_FILE, TrainConfig, init_distributed, train
 
 MARKER = "stage.json"
@@ -202,3 +203,8 @@ def _pretrain(ctx: StageContext) -> dict:
             "final_val_loss": last.get("val_loss"), "tokens": last.get("tokens"),
             "metrics": METRICS_FILE, "train_windows": len(train_set),
             "val_windows": len(val_set) if val_set is not None else 0}
+
+
+register("sft", requires=("pretrain",), distributed=True, data_schema="sft",
+         description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
+                     "evaluates before and after")(sft_stage)

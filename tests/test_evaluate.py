@@ -1,0 +1,218 @@
+"""Evaluation: scores, greedy chat answers (batched == alone), perplexity, held-out files."""
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from minimind_lib.data import DataFormatError
+from minimind_lib.evaluate import (
+    Answer,
+    answer_budget,
+    char_f1,
+    evaluate_sft,
+    exact_match,
+    format_table,
+    generate_answers,
+    load_eval_records,
+    perplexity,
+    prompt_messages,
+    reference,
+    score_answers,
+    select_per_task,
+    summarize,
+)
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.tokenizer import encode_chat, load_tokenizer
+
+TOK = load_tokenizer()
+IM_END, EOT = TOK.token_to_id("<|im_end|>"), TOK.token_to_id("<|endoftext|>")
+
+
+def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
+    torch.manual_seed(seed)
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               max_position_embeddings=512))
+    # larger weights than the 0.02 init: confident, varied greedy choices (no near-ties)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(5.0)
+    return model.eval()
+
+
+# --- scores --------------------------------------------------------------------------------
+
+words = st.text(st.sampled_from("ab c李白。"), max_size=8)
+
+
+@given(a=words, b=words)
+def test_char_f1_is_a_symmetric_overlap_score(a, b):
+    f = char_f1(a, b)
+    assert 0.0 <= f <= 1.0 and f == pytest.approx(char_f1(b, a))
+    same = Counter(a.replace(" ", "")) == Counter(b.replace(" ", ""))
+    assert (f == 1.0) == same
+    if exact_match(a, b):
+        assert f == 1.0
+
+
+def test_exact_match_and_char_f1_values():
+    assert exact_match("李白\n", "李白") and not exact_match("李白。", "李白")
+    assert char_f1("李白。", "李白") == pytest.approx(0.8)  # p = 2/3, r = 1
+    assert char_f1("", "") == 1.0 and char_f1("", "x") == 0.0
+
+
+def test_answer_format():
+    assert Answer("7", ended=True).follows_format
+    assert not Answer("7", ended=False).follows_format  # ran out of tokens
+    assert not Answer("  ", ended=True).follows_format  # empty reply
+    assert not Answer("7<|im_start|>user", ended=True).follows_format  # wrote a role marker
+
+
+class ScriptedModel(nn.Module):
+    """Replies with fixed token lists through ``stream``, as MiniMindForCausalLM does:
+    one (B,) tensor per step, finished rows padded with ``eos_token_id``."""
+
+    def __init__(self, replies: dict[int, list[int]]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.replies = replies  # prompt length -> reply tokens
+        self.calls = []
+
+    def stream(self, input_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+               eos_token_id=None, use_cache=True, generator=None):
+        assert temperature == 0  # greedy
+        self.calls.append(input_ids.shape)
+        reply = self.replies[input_ids.shape[1]]
+        for k in range(max_new_tokens):
+            yield torch.full((input_ids.shape[0],), reply[k] if k < len(reply) else eos_token_id)
+
+
+def test_generate_answers_cuts_at_the_end_of_turn_and_flags_the_format():
+    questions = ["a", "a much longer question than that", "a much longer question than this"]
+    lengths = [len(encode_chat(TOK, [{"role": "user", "content": q}], True)) for q in questions]
+    assert lengths[1] == lengths[2] != lengths[0]
+    li = TOK.encode("李白")
+    model = ScriptedModel({lengths[0]: li + [IM_END, 9, 9], lengths[1]: li + [EOT, 9]})
+    answers = generate_answers(model, TOK, questions, max_new_tokens=10, progress=False)
+    assert answers[0] == Answer("李白", ended=True)
+    assert answers[1] == answers[2] == Answer("李白", ended=False)  # <|endoftext|> is no turn end
+    assert sorted(tuple(s) for s in model.calls) == sorted([(1, lengths[0]), (2, lengths[1])])
+    cut = generate_answers(model, TOK, questions[:1], max_new_tokens=len(li), progress=False)
+    assert cut == [Answer("李白", ended=False)]  # the budget ran out before <|im_end|>
+
+
+def test_generate_answers_batched_equals_one_at_a_time_and_model_generate():
+    model = tiny_model()
+    questions = ["1 + 1?", "2 + 2?", "3 + 3?", "hello there", "你好", [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]]
+    batched = generate_answers(model, TOK, questions, 12, batch_size=64, progress=False)
+    alone = generate_answers(model, TOK, questions, 12, batch_size=1, progress=False)
+    # fp32 on one device: a batch changes at most float rounding, far below the logit gaps
+    assert batched == alone
+    for q, answer in zip(questions[:3], batched[:3], strict=True):
+        ids = torch.tensor([encode_chat(TOK, [{"role": "user", "content": q}], True)])
+        new = model.generate(ids, 12, temperature=0, eos_token_id=IM_END)[0, ids.shape[1]:].tolist()
+        stop = new.index(IM_END) if IM_END in new else len(new)
+        assert answer.text == TOK.decode(new[:stop]) and answer.ended == (IM_END in new)
+
+
+# --- scoring per task ----------------------------------------------------------------------
+
+
+RECORDS = [{"task": "add", "family": "skill", "answer": "2"},
+           {"task": "add", "family": "skill", "answer": "4"},
+           {"task": "poet", "family": "knowledge", "answer": "李白"},
+           {"task": "poet", "family": "knowledge", "answer": "杜甫"}]
+ANSWERS = [Answer("2", True), Answer("5", True), Answer("李白", True), Answer("李", False)]
+
+
+def test_score_answers_summarize_and_table():
+    scores = score_answers(RECORDS, ANSWERS)
+    assert list(scores) == ["add", "poet"]
+    assert (scores["add"].exact_match, scores["add"].format_rate, scores["add"].char_f1) == (0.5, 1.0, 0.5)
+    assert (scores["poet"].exact_match, scores["poet"].format_rate) == (0.5, 0.5)
+    assert scores["poet"].char_f1 == pytest.approx((1.0 + 0.0) / 2)  # "李" vs "杜甫": no overlap
+    pooled = summarize(scores)
+    assert list(pooled) == ["skill", "knowledge", "all"]
+    assert pooled["all"].n == 4 and pooled["all"].format_rate == 0.75
+    table = format_table({"before": scores, "after": scores})
+    assert table.splitlines()[0].startswith("| task | family | n | exact-match before | exact-match after")
+    assert "| poet | knowledge | 2 | 50.0% | 50.0% | 50.0% | 50.0% | 50.0% | 50.0% |" in table
+    assert "| **all** |  | 4 |" in table
+    with pytest.raises(ValueError, match="4 records but 3 answers"):
+        score_answers(RECORDS, ANSWERS[:3])
+
+
+def test_evaluate_sft_scores_per_task_with_the_answer_budget():
+    records = load_eval_records()
+    chosen = select_per_task(records, 2)
+    assert [r["task"] for r in chosen[:2]] == [chosen[0]["task"]] * 2
+    assert Counter(r["task"] for r in chosen) == Counter({t: 2 for t in {r["task"] for r in records}})
+    results = evaluate_sft(tiny_model(), TOK, records, per_task=2, progress=False)
+    assert len(results) == 12 and all(r.n == 2 for r in results.values())
+    # an untrained model never closes a turn, and it does not guess these answers
+    assert all(r.format_rate == 0.0 and r.exact_match == 0.0 for r in results.values())
+
+
+def test_held_out_records_and_their_checks(tmp_path):
+    records = load_eval_records()
+    assert Counter(r["task"] for r in records) == Counter({t: 120 for t in {r["task"] for r in records}})
+    for r in records[:50]:
+        assert reference(r) == r["conversations"][-1]["content"]
+        assert prompt_messages(r) == r["conversations"][:-1]
+    longest = max(len(TOK.encode(r["answer"], allowed_special=set())) for r in records)
+    assert answer_budget(TOK, records) == longest + 1 + 8
+    bad = tmp_path / "eval.jsonl"
+    record = {"conversations": [{"role": "user", "content": "q"},
+                                {"role": "assistant", "content": "a"}], "task": "t"}
+    bad.write_text(json.dumps({**record, "answer": "a"}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataFormatError, match=r"eval\.jsonl: record 2: field 'answer'"):
+        load_eval_records([bad])
+
+
+# --- perplexity ----------------------------------------------------------------------------
+
+
+def nll_sum(model, ids: list[int]) -> tuple[float, int]:
+    """Reference: summed next-token NLL of one window, from the model's own loss."""
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        loss = model(t, labels=t).loss.item()  # mean over len(ids) - 1 predictions
+    return loss * (len(ids) - 1), len(ids) - 1
+
+
+def test_perplexity_is_exp_of_the_mean_token_nll_over_windows(tmp_path):
+    model = tiny_model(1)
+    texts = ["The cat sat on the mat.", "床前明月光，疑是地上霜。", "A third, longer line of text here."]
+    stream = [i for t in texts for i in TOK.encode(t, allowed_special=set()) + [EOT]]
+    seq_len = 7
+    windows = [stream[s:s + seq_len + 1] for s in range(0, len(stream) - 1, seq_len)]
+    assert len(windows[-1]) < seq_len + 1  # the test covers a short last window
+    total, count = map(sum, zip(*(nll_sum(model, w) for w in windows), strict=True))
+    assert count == len(stream) - 1  # every token after the first predicted once
+    # reference sums per-window means back up in fp32: agreement to ~1e-5 relative
+    expected = math.exp(total / count)
+    assert perplexity(model, TOK, texts, seq_len, batch_size=3) == pytest.approx(expected, rel=1e-5)
+    path = tmp_path / "held_out.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert perplexity(model, TOK, path, seq_len) == pytest.approx(expected, rel=1e-5)
+    first = math.exp(nll_sum(model, stream[:seq_len + 1])[0] / seq_len)
+    assert perplexity(model, TOK, texts, seq_len, max_tokens=seq_len + 1) == pytest.approx(first, rel=1e-5)
+    with pytest.raises(ValueError, match="seq_len must be positive"):
+        perplexity(model, TOK, texts, 0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seq_len=st.integers(1, 40), batch_size=st.integers(2, 6))
+def test_perplexity_does_not_depend_on_batching(seq_len, batch_size):
+    model = tiny_model(2)
+    texts = ["one two three four five six seven", "八九十"]
+    alone = perplexity(model, TOK, texts, seq_len, batch_size=1)
+    # fp32; batching changes float rounding only
+    assert perplexity(model, TOK, texts, seq_len, batch_size=batch_size) == pytest.approx(alone, rel=1e-5)

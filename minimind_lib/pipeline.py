@@ -23,11 +23,12 @@ subcommand (``python -m minimind_lib <stage>``) for free::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from minimind_lib import DATA_DIR
 from minimind_lib.checkpoint import atomic_write_text, save_model
 from minimind_lib.data import dataset_files, load_pretrain_split, pretokenize
 from minimind_lib.device import seed_everything
+from minimind_lib.dpo import dpo_stage
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile, get_profile
 from minimind_lib.sft import sft_stage
@@ -142,18 +144,47 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     info = init_distributed()
     ctx = StageContext(stage, profile, root, resume, device, precision, progress, list(callbacks))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    if info.is_main:
-        print(f"[pipeline] stage {stage!r} (profile {profile.name}) -> {ctx.out_dir}")
-        (ctx.out_dir / MARKER).unlink(missing_ok=True)
-    t0 = time.time()
-    summary = st.run(ctx) if st.distributed or info.is_main else {}
-    if info.is_main:
-        marker = {"stage": stage, "run_id": uuid.uuid4().hex, "seconds": round(time.time() - t0, 1),
-                  "summary": summary, "fingerprint": fingerprint(stage, profile, root)}
-        atomic_write_text(ctx.out_dir / MARKER, json.dumps(marker, indent=2) + "\n")
+    # one process at a time per stage folder (a notebook and a test may share runs/<profile>);
+    # under torchrun the ranks run the stage together, so there is nothing to lock
+    lock = _stage_lock(ctx.out_dir) if info.world_size == 1 else contextlib.nullcontext(False)
+    with lock as waited:
+        if waited and not force and is_complete(stage, profile, root):
+            return ctx.out_dir  # another process finished it while we waited
+        if info.is_main:
+            print(f"[pipeline] stage {stage!r} (profile {profile.name}) -> {ctx.out_dir}")
+            (ctx.out_dir / MARKER).unlink(missing_ok=True)
+        t0 = time.time()
+        summary = st.run(ctx) if st.distributed or info.is_main else {}
+        if info.is_main:
+            marker = {"stage": stage, "run_id": uuid.uuid4().hex,
+                      "seconds": round(time.time() - t0, 1), "summary": summary,
+                      "fingerprint": fingerprint(stage, profile, root)}
+            atomic_write_text(ctx.out_dir / MARKER, json.dumps(marker, indent=2) + "\n")
     if info.world_size > 1:
         dist.barrier()
     return ctx.out_dir
+
+
+@contextlib.contextmanager
+def _stage_lock(stage_dir: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on ``stage_dir/.lock``; yield whether we had to wait for it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; run one process at a time there
+        yield False
+        return
+    with open(stage_dir / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:
+            print(f"[pipeline] waiting for another process running {stage_dir} ...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+            waited = True
+        try:
+            yield waited
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- the stages ------------------------------------------------------------------------
@@ -208,3 +239,6 @@ def _pretrain(ctx: StageContext) -> dict:
 register("sft", requires=("pretrain",), distributed=True, data_schema="sft",
          description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                      "evaluates before and after")(sft_stage)
+register("dpo", requires=("sft",), data_schema="dpo",
+         description="direct preference optimization of the SFT model against its frozen copy; "
+                     "evaluates before and after")(dpo_stage)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import threading
 from dataclasses import replace
 
 import pytest
@@ -77,6 +78,26 @@ def test_a_failed_stage_leaves_no_marker(tmp_path, monkeypatch):
         pipeline.ensure("boom", "smoke", root=tmp_path)
     assert not (tmp_path / "boom" / pipeline.MARKER).exists()
     assert not pipeline.is_complete("boom", get_profile("smoke"), tmp_path)
+
+
+def test_a_second_process_waits_and_reuses_the_finished_stage(tmp_path, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")
+    runs = []
+    monkeypatch.setitem(pipeline.STAGES, "slow", pipeline.Stage("slow", lambda ctx: runs.append(1)))
+    profile = get_profile("smoke")
+    (tmp_path / "slow").mkdir()
+    with open(tmp_path / "slow" / ".lock", "w") as held:  # "another process" runs the stage
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=pipeline.ensure, args=("slow", profile),
+                                  kwargs={"root": tmp_path})
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert waiter.is_alive() and not runs  # blocked on the lock, not running the stage
+        marker = {"run_id": "x", "fingerprint": pipeline.fingerprint("slow", profile, tmp_path)}
+        (tmp_path / "slow" / pipeline.MARKER).write_text(json.dumps(marker))
+        fcntl.flock(held, fcntl.LOCK_UN)
+    waiter.join()
+    assert not runs  # it found the other process's finished output
 
 
 def test_unknown_stage_lists_the_stages():

@@ -38,7 +38,6 @@ from minimind_lib import DATA_DIR
 from minimind_lib.checkpoint import atomic_write_text, save_model
 from minimind_lib.data import dataset_files, load_pretrain_split, pretokenize
 from minimind_lib.device import seed_everything
-from minimind_lib.dpo import dpo_stage
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile, get_profile
 from minimind_lib.sft import sft_stage
@@ -138,10 +137,13 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     st = _stage(stage)
     for dep in st.requires:
         ensure(dep, profile, root=root, device=device, precision=precision, progress=progress)
-    if not force and is_complete(stage, profile, root):
+    info = init_distributed()
+    complete = [not force and is_complete(stage, profile, root)]
+    if info.world_size > 1:  # rank 0 decides, so every rank takes the same branch
+        dist.broadcast_object_list(complete, src=0)
+    if complete[0]:
         return root / stage
 
-    info = init_distributed()
     ctx = StageContext(stage, profile, root, resume, device, precision, progress, list(callbacks))
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     # one process at a time per stage folder (a notebook and a test may share runs/<profile>);
@@ -239,6 +241,3 @@ def _pretrain(ctx: StageContext) -> dict:
 register("sft", requires=("pretrain",), distributed=True, data_schema="sft",
          description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                      "evaluates before and after")(sft_stage)
-register("dpo", requires=("sft",), data_schema="dpo",
-         description="direct preference optimization of the SFT model against its frozen copy; "
-                     "evaluates before and after")(dpo_stage)

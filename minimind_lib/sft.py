@@ -14,11 +14,23 @@ The ``sft`` stage (``python -m minimind_lib sft --profile P``) fine-tunes the ``
 stage's model with ``profile.sft`` on ``dataset_files("sft")`` (MiniMind's
 ``sft_mini_512.jsonl`` when ``$MINIMIND_DATA_DIR`` is set), validating on the held-out
 questions, and evaluates the model before and after (``minimind_lib.evaluate``) into
-``eval.json``.
+``eval.json``; ``python scripts/sft_ablation.py --profile P`` adds the all-tokens arm.
 
->>> from minimind_lib.profiles import get_profile
->>> ablation_steps(get_profile("smoke").sft)
-40
+>>> from minimind_lib.data import sft_example
+>>> from minimind_lib.tokenizer import load_tokenizer
+>>> tok = load_tokenizer()
+>>> ids, labels = sft_example(tok, [{"role": "user", "content": "3 + 5 = ?"},
+...                                 {"role": "assistant", "content": "3 + 5 = 8"}], 64)
+>>> print(tok.decode(ids))   # the whole rendered chat is the input
+<|im_start|>system
+You are a helpful assistant<|im_end|>
+<|im_start|>user
+3 + 5 = ?<|im_end|>
+<|im_start|>assistant
+3 + 5 = 8<|im_end|>
+<BLANKLINE>
+>>> tok.decode([t for t in labels if t != -100])   # the only targets
+'3 + 5 = 8<|im_end|>'
 """
 
 from __future__ import annotations
@@ -101,11 +113,6 @@ def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: StageSettings
     rows = train(model, train_set, config, eval_dataset=validation_dataset(tokenizer, settings),
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
     return SFTRun(rows, len(train_set), train_set.skipped)
-
-
-def ablation_steps(settings: StageSettings) -> int:
-    """Steps of each ablation run in the notebook: half the stage's (two runs fit in one)."""
-    return max(1, settings.max_steps // 2)
 
 
 # --- evaluation before / after ----------------------------------------------------------

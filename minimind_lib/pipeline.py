@@ -38,6 +38,7 @@ from minimind_lib import DATA_DIR
 from minimind_lib.checkpoint import atomic_write_text, save_model
 from minimind_lib.data import dataset_files, load_pretrain_split, pretokenize
 from minimind_lib.device import seed_everything
+from minimind_lib.dpo import dpo_stage
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile, get_profile
 from minimind_lib.sft import sft_stage
@@ -241,3 +242,6 @@ def _pretrain(ctx: StageContext) -> dict:
 register("sft", requires=("pretrain",), distributed=True, data_schema="sft",
          description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                      "evaluates before and after")(sft_stage)
+register("dpo", requires=("sft",), data_schema="dpo",
+         description="direct preference optimization of the SFT model against its frozen copy; "
+                     "evaluates before and after")(dpo_stage)

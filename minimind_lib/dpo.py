@@ -1,0 +1,433 @@
+"""Direct Preference Optimization: sequence log-probs, the DPO loss, pairs, the stage (notebook 06).
+
+DPO (Rafailov et al. 2023, "Direct Preference Optimization: Your Language Model is Secretly a
+Reward Model") aligns a model with preference pairs ``(x, y_w, y_l)`` -- a prompt, a preferred
+("chosen") and a dispreferred ("rejected") answer -- without a reward model or RL. The optimum
+of the KL-regularised RLHF objective (eq. 3) is ``pi*(y|x) = pi_ref(y|x) exp(r(x,y) / beta) / Z(x)``
+(eq. 4); solved for the reward, ``r(x,y) = beta log pi*(y|x)/pi_ref(y|x) + beta log Z(x)``
+(eq. 5), and put into the Bradley-Terry preference model, ``Z`` cancels, leaving a plain
+classification loss on the policy (eq. 7)::
+
+    L = -log sigmoid( beta * [log pi(y_w|x)/pi_ref(y_w|x) - log pi(y_l|x)/pi_ref(y_l|x)] )
+
+The pieces, one function each:
+
+1. ``sequence_logprobs``: ``log pi(y|x)``, summed over the answer tokens only;
+2. ``dpo_loss``: eq. 7 plus the implicit rewards ``beta log pi/pi_ref`` of both answers;
+3. ``DPODataset`` / ``collate_pairs``: pairs tokenised with the SFT answer-only mask
+   (``minimind_lib.data.sft_example``), chosen and rejected stacked into one batch;
+4. ``DPOLoss``: the loss function the training engine (``minimind_lib.train.train``) calls,
+   against a frozen reference model or reference log-probs computed once beforehand;
+5. ``train_dpo`` and the pipeline stage ``dpo`` (``python -m minimind_lib dpo``).
+
+>>> loss, chosen, rejected = dpo_loss(torch.tensor([-5.0]), torch.tensor([-9.0]),
+...                                   torch.tensor([-6.0]), torch.tensor([-8.0]), beta=0.1)
+>>> chosen.item(), round(rejected.item(), 6)   # beta * (policy - reference) per answer
+(0.10000000149011612, -0.1)
+>>> round(loss.item(), 4)                       # -log sigmoid(0.1 - (-0.1))
+0.5981
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from minimind_lib.checkpoint import atomic_write_text, load_model, save_model
+from minimind_lib.data import (
+    IGNORE_INDEX,
+    PAD_TOKEN,
+    dataset_files,
+    pad_sft_batch,
+    read_jsonl,
+    sft_example,
+)
+from minimind_lib.device import Precision, pick_device, pick_precision
+from minimind_lib.evaluate import (
+    PreferenceScores,
+    eval_files,
+    format_preference_table,
+    score_preferences,
+    select_per_task,
+    summarize,
+    summarize_preferences,
+)
+from minimind_lib.sft import EVAL_FILE, TOKENIZER_FILE, eval_report, evaluate_model, read_eval
+from minimind_lib.tokenizer import BPETokenizer
+from minimind_lib.train import METRICS_FILE, TrainConfig, train
+
+if TYPE_CHECKING:
+    from minimind_lib.pipeline import StageContext
+
+
+# --- 1. log pi(y|x) --------------------------------------------------------------------
+
+
+def answer_logprobs(logits: Tensor, labels: Tensor, average: bool = False) -> Tensor:
+    """Per-row log-probability of the supervised tokens, from logits (B, T, V) and labels (B, T).
+
+    ``labels`` are aligned with the inputs, -100 where a token is not scored (prompt, padding):
+    position t's logits score token t+1, as in ``minimind_lib.model.causal_lm_loss``. The sum
+    is ``log pi(y|x) = sum_t log pi(y_t | x, y_<t)``; ``average=True`` divides by the number of
+    answer tokens (see ``sequence_logprobs`` for what that changes). Computed in fp32.
+
+    >>> logits = torch.zeros(1, 4, 2)                     # uniform over 2 tokens
+    >>> labels = torch.tensor([[-100, -100, 1, 0]])       # the last two tokens are the answer
+    >>> answer_logprobs(logits, labels)                   # 2 * log(1/2)
+    tensor([-1.3863])
+    >>> answer_logprobs(logits, labels, average=True)
+    tensor([-0.6931])
+    """
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits' (batch, seq_len) "
+                         f"{tuple(logits.shape[:2])}")
+    targets = labels[:, 1:]  # (B, T-1): token t+1 is scored by position t
+    mask = targets != IGNORE_INDEX  # (B, T-1)
+    counts = mask.sum(dim=1)  # (B,)
+    if bool((counts == 0).any()):
+        row = int((counts == 0).nonzero()[0, 0])
+        raise ValueError(f"row {row} has no supervised token (its labels are all -100 after the "
+                         "first position); a pair needs a non-empty answer")
+    per_token = -F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets,  # (B, T-1)
+                                 ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
+    total = per_token.sum(dim=1)  # (B,)
+    return total / counts if average else total
+
+
+def sequence_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
+                      average: bool = False) -> Tensor:
+    """``log pi(y|x)`` of each row (B,): the model's log-probability of the answer tokens.
+
+    As in the paper (eq. 7), this is the **sum** over the answer tokens: the log-probability
+    of the whole answer, so ``log pi/pi_ref`` is the log-ratio of two sequence probabilities
+    and the DPO derivation holds exactly. Some implementations **average** over the answer
+    tokens instead (``average=True``; e.g. SimPO, and MiniMind's own ``train_dpo.py``). That
+    changes the objective: every answer's log-ratio is divided by its own length, so long
+    answers get a smaller effective ``beta`` (a weaker pull towards / away from them) and a
+    pair's margin no longer grows with answer length; the result is length-normalised and
+    no longer the optimum of the KL-regularised RLHF objective. Prompt and padding tokens
+    (labels -100) never count.
+
+    >>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    >>> _ = torch.manual_seed(0)
+    >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=8,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    ...     max_position_embeddings=8))
+    >>> ids = torch.tensor([[3, 4, 5, 6]])
+    >>> sequence_logprobs(model, ids, torch.tensor([[-100, -100, 5, 6]])).shape
+    torch.Size([1])
+    """
+    logits = model(input_ids).logits  # (B, T, V)
+    return answer_logprobs(logits, labels, average)
+
+
+# --- 2. the loss -----------------------------------------------------------------------
+
+
+def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
+             ref_rejected: Tensor, beta: float = 0.1) -> tuple[Tensor, Tensor, Tensor]:
+    """DPO loss (Rafailov et al. 2023, eq. 7) and the implicit rewards of both answers.
+
+    Inputs are summed log-probs ``log pi(y|x)``, each (B,). The implicit reward of an answer
+    is ``beta * log pi(y|x)/pi_ref(y|x)`` (eq. 5 without the prompt-only ``beta log Z(x)``,
+    which cancels in a pair); the loss is ``-log sigmoid(r_chosen - r_rejected)``, the
+    Bradley-Terry likelihood of the preference, averaged over the batch. Returns
+    ``(loss, chosen_rewards (B,), rejected_rewards (B,))``, the rewards detached (for logging).
+    When the policy equals the reference every reward is 0 and the loss is ``ln 2``.
+
+    >>> x = torch.tensor([-3.0, -7.0])
+    >>> loss, rc, rr = dpo_loss(x, x - 1, x, x - 1)     # policy == reference
+    >>> round(loss.item(), 6), rc.tolist(), rr.tolist()        # ln 2 = 0.693147...
+    (0.693147, [0.0, 0.0], [0.0, 0.0])
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    chosen_rewards = beta * (policy_chosen - ref_chosen)  # (B,)
+    rejected_rewards = beta * (policy_rejected - ref_rejected)  # (B,)
+    # subtle: logsigmoid, not log(sigmoid(.)): exact for large margins, where sigmoid rounds to 1
+    loss = -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+    return loss, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+# --- 3. preference pairs ---------------------------------------------------------------
+
+
+class DPODataset(Dataset):
+    """Preference pairs tokenised with the SFT answer-only mask (``data.sft_example``).
+
+    Each record is ``{"chosen": [messages], "rejected": [messages]}`` whose messages agree up
+    to the last (assistant) one: the same prompt ``x``, two answers. Item ``i`` holds both
+    sequences and their labels (-100 everywhere but the answer content and its ``<|im_end|>``),
+    plus ``ref_logps`` (2,) once reference log-probs are attached (``set_reference``).
+    Pairs whose answer is cut off entirely by ``max_length`` are dropped (counted in
+    ``dropped``): with no answer token left there is nothing to prefer.
+    ``tasks`` / ``families`` keep each pair's ``"task"`` / ``"family"`` (None when absent).
+    """
+
+    def __init__(self, records: Iterable[dict], tok: BPETokenizer, max_length: int, source: str = "records"):
+        self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.tasks: list[str | None] = []
+        self.families: list[str | None] = []
+        self.dropped = 0
+        self.pad_id = tok.token_to_id(PAD_TOKEN)
+        for n, record in enumerate(records, start=1):
+            chosen, rejected = record["chosen"], record["rejected"]
+            if chosen[:-1] != rejected[:-1]:
+                raise ValueError(f"{source}: record {n}: 'chosen' and 'rejected' must share the "
+                                 "prompt (every message but the last assistant answer)")
+            c_ids, c_labels = (torch.as_tensor(t, dtype=torch.long)
+                               for t in sft_example(tok, chosen, max_length))
+            r_ids, r_labels = (torch.as_tensor(t, dtype=torch.long)
+                               for t in sft_example(tok, rejected, max_length))
+            if not ((c_labels[1:] != IGNORE_INDEX).any() and (r_labels[1:] != IGNORE_INDEX).any()):
+                self.dropped += 1
+                continue
+            self.pairs.append((c_ids, c_labels, r_ids, r_labels))
+            self.tasks.append(record.get("task"))
+            self.families.append(record.get("family"))
+        if not self.pairs:
+            raise ValueError(f"{source}: no usable preference pair (max_length={max_length}, "
+                             f"{self.dropped} pairs had their answers cut off)")
+        self.ref_logps: Tensor | None = None  # (N, 2): reference log pi of chosen, rejected
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str | Path], tok: BPETokenizer, max_length: int, *,
+                   max_examples: int | None = None) -> DPODataset:
+        """The first ``max_examples`` pairs (None: all) of DPO jsonl ``paths``, validated."""
+        records = itertools.chain.from_iterable(read_jsonl(p, "dpo") for p in paths)
+        return cls(itertools.islice(records, max_examples), tok, max_length,
+                   source=", ".join(str(p) for p in paths))
+
+    def set_reference(self, ref_logps: Tensor) -> None:
+        """Attach reference log-probs (N, 2) (``pair_logprobs(reference, self)``): batches then
+        carry them and the reference model is not needed during training."""
+        if ref_logps.shape != (len(self), 2):
+            raise ValueError(f"ref_logps must have shape ({len(self)}, 2), got {tuple(ref_logps.shape)}")
+        self.ref_logps = ref_logps.detach().float().cpu()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        c_ids, c_labels, r_ids, r_labels = self.pairs[i]
+        item = {"chosen_input_ids": c_ids, "chosen_labels": c_labels,
+                "rejected_input_ids": r_ids, "rejected_labels": r_labels}
+        if self.ref_logps is not None:
+            item["ref_logps"] = self.ref_logps[i]  # (2,)
+        return item
+
+    def collate(self, items: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """``collate_pairs`` with this tokenizer's pad id (``train(..., collate_fn=ds.collate)``)."""
+        return collate_pairs(items, self.pad_id)
+
+
+def collate_pairs(items: Sequence[dict[str, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:
+    """Stack B pairs into one batch of 2B rows: the B chosen sequences, then the B rejected.
+
+    Rows are right-padded like SFT batches (``data.pad_sft_batch``: ``pad_id``, labels -100),
+    so one forward pass scores both answers of every pair. ``pad_id`` 0 is ``<|endoftext|>``.
+
+    >>> item = {"chosen_input_ids": torch.tensor([5, 6, 7]), "chosen_labels": torch.tensor([-100, 6, 7]),
+    ...         "rejected_input_ids": torch.tensor([5, 8]), "rejected_labels": torch.tensor([-100, 8])}
+    >>> batch = collate_pairs([item])
+    >>> batch["input_ids"].tolist(), batch["labels"].tolist()
+    ([[5, 6, 7], [5, 8, 0]], [[-100, 6, 7], [-100, 8, -100]])
+    """
+    rows = [{"input_ids": it[f"{side}_input_ids"], "labels": it[f"{side}_labels"]}
+            for side in ("chosen", "rejected") for it in items]
+    batch = pad_sft_batch(rows, pad_id)  # (2B, T) each
+    if "ref_logps" in items[0]:
+        ref = torch.stack([it["ref_logps"] for it in items])  # (B, 2)
+        batch["ref_logps"] = torch.cat([ref[:, 0], ref[:, 1]])  # (2B,) in row order
+    return batch
+
+
+@torch.no_grad()
+def pair_logprobs(model: nn.Module, dataset: DPODataset, *, batch_size: int = 32,
+                  device: str | torch.device | None = None, precision: str | Precision = "auto",
+                  average: bool = False) -> Tensor:
+    """``log pi(y|x)`` of both answers of every pair, (N, 2) = [chosen, rejected], in order.
+
+    Runs ``model`` in eval mode without gradients (its mode is restored afterwards). Used for
+    the reference log-probs (``DPODataset.set_reference``) and for preference accuracy.
+    """
+    device = pick_device(device) if device is None or isinstance(device, str) else device
+    precision = precision if isinstance(precision, Precision) else pick_precision(device, precision)
+    was_training = model.training
+    model.to(device).eval()
+    out = []
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=dataset.collate):
+        with precision.context(device):
+            logps = sequence_logprobs(model, batch["input_ids"].to(device),
+                                      batch["labels"].to(device), average)  # (2b,)
+        out.append(torch.stack(logps.float().cpu().chunk(2), dim=1))  # (b, 2)
+    model.train(was_training)
+    return torch.cat(out)  # (N, 2)
+
+
+# --- 4. the loss function the training engine calls --------------------------------------
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """The DPO reference: a copy of ``model`` in eval mode whose parameters take no gradient."""
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+@dataclass
+class DPOLoss:
+    """``loss_fn`` for ``minimind_lib.train.train``: the DPO loss of a ``collate_pairs`` batch.
+
+    The reference log-probs come from the batch (``"ref_logps"``, precomputed) or, when absent,
+    from ``reference`` run under ``torch.no_grad``. Metrics logged per optimizer step:
+    ``reward_accuracy`` (share of pairs whose chosen reward is higher), ``reward_margin``
+    (mean chosen - rejected reward), ``chosen_reward`` / ``rejected_reward`` (means) and the
+    policy's mean ``chosen_logp`` / ``rejected_logp``.
+    """
+
+    beta: float = 0.1
+    reference: nn.Module | None = None
+    average: bool = False  # length-normalised log-probs (see sequence_logprobs)
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"DPOLoss.beta must be positive, got {self.beta}")
+
+    def __call__(self, model: nn.Module, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
+        input_ids, labels = batch["input_ids"], batch["labels"]  # (2B, T) each
+        logps = sequence_logprobs(model, input_ids, labels, self.average)  # (2B,)
+        if "ref_logps" in batch:
+            ref_logps = batch["ref_logps"]  # (2B,)
+        elif self.reference is not None:
+            self.reference.to(input_ids.device)  # a no-op once it is there
+            with torch.no_grad():
+                ref_logps = sequence_logprobs(self.reference, input_ids, labels, self.average)
+        else:
+            raise ValueError("DPOLoss needs a reference model or batches with 'ref_logps' "
+                             "(DPODataset.set_reference)")
+        policy_chosen, policy_rejected = logps.chunk(2)  # (B,) each
+        ref_chosen, ref_rejected = ref_logps.chunk(2)
+        loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen,
+                                          ref_rejected, self.beta)
+        return loss, {"reward_accuracy": (chosen > rejected).float().mean(),
+                      "reward_margin": (chosen - rejected).mean(),
+                      "chosen_reward": chosen.mean(), "rejected_reward": rejected.mean(),
+                      "chosen_logp": policy_chosen.detach().mean(),
+                      "rejected_logp": policy_rejected.detach().mean()}
+
+
+def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
+              beta: float = 0.1, reference: nn.Module | None = None,
+              precompute_reference: bool = True, eval_set: DPODataset | None = None,
+              resume: bool = False,
+              callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
+    """DPO-train ``policy`` in place with the training engine; return its metrics rows.
+
+    ``reference`` defaults to ``policy`` as it is now (the SFT model). With
+    ``precompute_reference=True`` every pair is scored by the reference once, before training,
+    and the log-probs are attached to the datasets: each step then runs one forward pass
+    instead of two, and no second model is kept in memory (with the default reference it is
+    never even copied: the policy scores the pairs before its first update). Otherwise the
+    reference is a frozen copy (``frozen_copy``) run on every batch.
+    """
+    reference = reference if reference is not None else policy
+    if precompute_reference:
+        device = pick_device(config.device)
+        precision = pick_precision(device, config.precision)
+        for dataset in (train_set, eval_set):
+            if dataset is not None:
+                dataset.set_reference(pair_logprobs(reference, dataset, device=device,
+                                                    precision=precision))
+        loss_fn = DPOLoss(beta)
+    else:
+        loss_fn = DPOLoss(beta, frozen_copy(reference))
+    return train(policy, train_set, config, loss_fn=loss_fn, eval_dataset=eval_set,
+                 collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
+
+
+# --- 5. the pipeline stage -------------------------------------------------------------
+
+
+def held_out_pairs(tok: BPETokenizer, max_length: int, per_task: int | None = None) -> DPODataset:
+    """The held-out preference pairs (``data/eval/dpo_eval*.jsonl``): the first ``per_task``
+    of every task. No held-out prompt occurs in any training file."""
+    records = [r for path in eval_files("dpo") for r in read_jsonl(path, "dpo")]
+    return DPODataset(select_per_task(records, per_task), tok, max_length,
+                      source="held-out DPO pairs")
+
+
+@dataclass
+class PreferenceEval:
+    """Held-out preference accuracy of the SFT model (log-prob) and the DPO model (log-prob and
+    implicit reward), and both models' exact-match / format rate (``sft.ModelEval``)."""
+
+    sft: dict[str, PreferenceScores]
+    dpo: dict[str, PreferenceScores]
+
+    def table(self) -> str:
+        return format_preference_table({"SFT": self.sft, "DPO": self.dpo})
+
+
+def evaluate_preferences(policy: nn.Module, pairs: DPODataset, reference_logps: Tensor, *,
+                         precision: str = "auto", device: str | None = None) -> PreferenceEval:
+    """Preference accuracy on ``pairs`` before (``reference_logps``: the SFT model's) and after."""
+    logps = pair_logprobs(policy, pairs, device=device, precision=precision)  # (N, 2)
+    return PreferenceEval(score_preferences(pairs.tasks, pairs.families, reference_logps),
+                          score_preferences(pairs.tasks, pairs.families, logps, reference_logps))
+
+
+def dpo_stage(ctx: StageContext) -> dict:
+    """The ``dpo`` stage: ``ctx.dir("sft")`` → DPO-aligned model in ``ctx.out_dir``
+    (model.safetensors, config.json, metrics.jsonl, eval.json) with ``profile.dpo``.
+
+    Pairs: ``dataset_files("dpo")`` (MiniMind's ``dpo.jsonl`` when ``$MINIMIND_DATA_DIR`` is
+    set); the reference is the SFT model, its log-probs precomputed. Prints the held-out
+    before/after tables: preference accuracy, then exact-match and format rate.
+    """
+    profile, settings = ctx.profile, ctx.profile.dpo
+    tok = BPETokenizer.from_file(ctx.dir("tokenizer") / TOKENIZER_FILE)
+    policy = load_model(ctx.dir("sft"))
+    train_set = DPODataset.from_files(dataset_files("dpo"), tok, settings.seq_len,
+                                      max_examples=settings.max_examples)
+    held_out = held_out_pairs(tok, settings.seq_len, profile.eval_per_task)
+    sft_eval = read_eval(ctx.dir("sft")).get("sft") if (ctx.dir("sft") / EVAL_FILE).is_file() else None
+    if sft_eval is None:
+        sft_eval = evaluate_model(policy, tok, profile, progress=ctx.progress)
+
+    config = TrainConfig.from_stage(settings, out_dir=ctx.out_dir, precision=ctx.precision,
+                                    device=ctx.device, seed=profile.seed, progress=ctx.progress)
+    rows = train_dpo(policy, train_set, config, beta=settings.beta, eval_set=held_out,
+                     resume=ctx.resume, callbacks=ctx.callbacks)
+    prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
+                                 device=ctx.device)
+    policy = policy.cpu()
+    save_model(policy, ctx.out_dir)
+    dpo_eval = evaluate_model(policy, tok, profile, progress=ctx.progress)
+    atomic_write_text(ctx.out_dir / EVAL_FILE, json.dumps({
+        "per_task": profile.eval_per_task, "beta": settings.beta,
+        "preference": {name: {k: asdict(v) for k, v in res.items()}
+                       for name, res in (("sft", prefs.sft), ("dpo", prefs.dpo))},
+        "models": {"sft": sft_eval.to_dict(), "dpo": dpo_eval.to_dict()}}, indent=2) + "\n")
+    print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
+          + eval_report({"sft": sft_eval, "dpo": dpo_eval}))
+    last, before, after = rows[-1] if rows else {}, summarize_preferences(prefs.sft)["all"], \
+        summarize_preferences(prefs.dpo)["all"]
+    return {"steps": settings.max_steps, "pairs": len(train_set), "dropped": train_set.dropped,
+            "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
+            "metrics": METRICS_FILE, "eval": EVAL_FILE,
+            "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
+                                    "dpo_logprob": after.logprob_accuracy,
+                                    "dpo_reward": after.reward_accuracy},
+            "exact_match": {name: summarize(e.tasks)["all"].exact_match
+                            for name, e in (("sft", sft_eval), ("dpo", dpo_eval))}}

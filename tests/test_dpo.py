@@ -1,0 +1,203 @@
+"""DPO: the loss against its formula, ln 2 at the start, masks, the frozen reference, the stage."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minimind_lib.data import IGNORE_INDEX
+from minimind_lib.dpo import (
+    DPODataset,
+    DPOLoss,
+    answer_logprobs,
+    collate_pairs,
+    dpo_loss,
+    frozen_copy,
+    pair_logprobs,
+    sequence_logprobs,
+    train_dpo,
+)
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.tokenizer import load_tokenizer
+from minimind_lib.train import TrainConfig, train
+
+TOK = load_tokenizer()
+
+
+def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
+    torch.manual_seed(seed)
+    return MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, num_key_value_heads=1,
+                                              max_position_embeddings=256))
+
+
+def pair(question: str, good: str, bad: str, task: str = "t") -> dict:
+    user = {"role": "user", "content": question}
+    return {"chosen": [user, {"role": "assistant", "content": good}],
+            "rejected": [user, {"role": "assistant", "content": bad}], "task": task,
+            "family": "skill"}
+
+
+PAIRS = [pair(f"{a} 和 {b} 哪个大？", str(max(a, b)), str(min(a, b)) * (1 + a % 2))
+         for a, b in [(3, 7), (9, 2), (12, 5), (4, 40), (8, 1), (6, 60), (15, 16), (2, 22)]]
+
+
+# --- the loss ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("beta", [0.01, 0.1, 0.5, 2.0])
+def test_dpo_loss_equals_the_formula(seed, beta):
+    g = torch.Generator().manual_seed(seed)
+    pc, pr, rc, rr = (-50 * torch.rand(16, generator=g, dtype=torch.float64) for _ in range(4))
+    loss, chosen, rejected = dpo_loss(pc.float(), pr.float(), rc.float(), rr.float(), beta)
+    # eq. 7 written out in float64, with the plain sigmoid: -log sigma(beta * (log-ratio diff))
+    z = beta * ((pc - rc) - (pr - rr))
+    expected = -torch.log(1 / (1 + torch.exp(-z))).mean()
+    # float32 inputs of magnitude <= 50: log-ratios carry ~1e-5 absolute rounding error
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-5 * max(beta, 1))
+    torch.testing.assert_close(chosen.double(), beta * (pc - rc), rtol=0, atol=1e-5 * max(beta, 1))
+    torch.testing.assert_close(rejected.double(), beta * (pr - rr), rtol=0, atol=1e-5 * max(beta, 1))
+    assert not chosen.requires_grad and not rejected.requires_grad
+
+
+def test_dpo_loss_is_stable_for_large_margins():
+    loss, _, _ = dpo_loss(torch.tensor([0.0]), torch.tensor([-1e4]), torch.tensor([0.0]),
+                          torch.tensor([0.0]), beta=1.0)
+    assert loss.item() == 0.0  # log sigmoid(1e4): no log(0) = inf
+    loss, _, _ = dpo_loss(torch.tensor([-1e4]), torch.tensor([0.0]), torch.tensor([0.0]),
+                          torch.tensor([0.0]), beta=1.0)
+    assert loss.item() == pytest.approx(1e4)  # -log sigmoid(-1e4) = 1e4, finite
+    with pytest.raises(ValueError, match="beta must be positive"):
+        dpo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.0)
+
+
+def test_answer_logprobs_counts_only_supervised_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 11)
+    labels = torch.tensor([[-100, -100, -100, 4, 5, -100], [-100, 7, 1, 2, -100, -100]])
+    logp = logits.log_softmax(-1)
+    expected = torch.stack([logp[0, 2, 4] + logp[0, 3, 5], logp[1, 0, 7] + logp[1, 1, 1] + logp[1, 2, 2]])
+    torch.testing.assert_close(answer_logprobs(logits, labels), expected)
+    torch.testing.assert_close(answer_logprobs(logits, labels, average=True),
+                               expected / torch.tensor([2.0, 3.0]))
+    # the logits at positions scoring prompt or padding tokens do not matter at all
+    noisy = logits.clone()
+    noisy[0, [0, 1, 4, 5]] += 100 * torch.randn(4, 11)
+    noisy[1, [3, 4, 5]] += 100 * torch.randn(3, 11)
+    assert torch.equal(answer_logprobs(noisy, labels), answer_logprobs(logits, labels))
+    with pytest.raises(ValueError, match="row 1 has no supervised token"):
+        answer_logprobs(logits, torch.tensor([[-100, 1, 2, 3, 4, 5], [-100] * 6]))
+
+
+# --- the data ------------------------------------------------------------------------------
+
+
+def test_dataset_masks_exclude_the_prompt():
+    ds = DPODataset(PAIRS[:2], TOK, max_length=64)
+    item = ds[0]
+    for side, answer in (("chosen", "7"), ("rejected", "33")):
+        ids, labels = item[f"{side}_input_ids"], item[f"{side}_labels"]
+        supervised = labels != IGNORE_INDEX
+        # supervised ids are exactly the answer content and its <|im_end|>, at the end
+        assert TOK.decode(ids[supervised].tolist()) == answer + "<|im_end|>"
+        assert torch.equal(labels[supervised], ids[supervised])
+        first = int(supervised.nonzero()[0, 0])
+        assert not supervised[:first].any() and supervised[first:].sum() == len(ids[first:]) - 1
+        assert TOK.decode(ids[:first].tolist()).endswith("<|im_start|>assistant\n")
+    # chosen and rejected share the prompt token for token
+    c_first = int((item["chosen_labels"] != IGNORE_INDEX).nonzero()[0, 0])
+    assert torch.equal(item["chosen_input_ids"][:c_first], item["rejected_input_ids"][:c_first])
+    assert ds.tasks == ["t", "t"] and ds.families == ["skill", "skill"]
+
+
+def test_dataset_rejects_different_prompts_and_drops_cut_answers():
+    bad = pair("1 和 2 哪个大？", "2", "1")
+    bad["rejected"][0] = {"role": "user", "content": "another question"}
+    with pytest.raises(ValueError, match="record 2: 'chosen' and 'rejected' must share the prompt"):
+        DPODataset([PAIRS[0], bad], TOK, max_length=64)
+    long_prompt = pair("很长的问题" * 40, "2", "1")
+    ds = DPODataset([PAIRS[0], long_prompt], TOK, max_length=48)
+    assert len(ds) == 1 and ds.dropped == 1
+    with pytest.raises(ValueError, match="no usable preference pair"):
+        DPODataset([long_prompt], TOK, max_length=48)
+
+
+def test_collate_stacks_chosen_then_rejected_with_reference_logps():
+    ds = DPODataset(PAIRS[:3], TOK, max_length=64)
+    ds.set_reference(torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]]))
+    batch = ds.collate([ds[0], ds[2]])
+    assert batch["input_ids"].shape[0] == 4
+    assert torch.equal(batch["input_ids"][1, :len(ds[2]["chosen_input_ids"])], ds[2]["chosen_input_ids"])
+    assert torch.equal(batch["input_ids"][2, :len(ds[0]["rejected_input_ids"])], ds[0]["rejected_input_ids"])
+    assert batch["ref_logps"].tolist() == [-1.0, -5.0, -2.0, -6.0]
+    with pytest.raises(ValueError, match="shape"):
+        ds.set_reference(torch.zeros(2, 2))
+
+
+def test_pair_logprobs_do_not_depend_on_batching():
+    model, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    one = pair_logprobs(model, ds, batch_size=1, device="cpu", precision="fp32")
+    many = pair_logprobs(model, ds, batch_size=5, device="cpu", precision="fp32")
+    # right padding never reaches real tokens (causal attention); fp32 sums of ~10 log-probs
+    # computed with different matmul shapes agree to well within 1e-4
+    torch.testing.assert_close(one, many, rtol=0, atol=1e-4)
+    direct = sequence_logprobs(model, *(collate_pairs([ds[3]])[k] for k in ("input_ids", "labels")))
+    torch.testing.assert_close(one[3], direct, rtol=0, atol=1e-5)
+
+
+# --- the reference ---------------------------------------------------------------------------
+
+
+def test_loss_is_ln2_and_rewards_zero_when_policy_equals_reference():
+    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    batch = ds.collate([ds[i] for i in range(len(ds))])
+    loss, metrics = DPOLoss(beta=0.1, reference=frozen_copy(policy))(policy, batch)
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
+    assert torch.equal(metrics["chosen_reward"], torch.tensor(0.0))
+    assert torch.equal(metrics["rejected_reward"], torch.tensor(0.0))
+    # the same with reference log-probs precomputed by the policy itself
+    ds.set_reference(pair_logprobs(policy, ds, device="cpu", precision="fp32"))
+    loss2, _ = DPOLoss(beta=0.1)(policy, ds.collate([ds[i] for i in range(len(ds))]))
+    assert loss2.item() == pytest.approx(math.log(2), abs=1e-6)
+    with pytest.raises(ValueError, match="needs a reference model"):
+        DPOLoss(beta=0.1)(policy, batch)
+
+
+def test_gradients_reach_the_policy_only_and_training_leaves_the_reference_unchanged():
+    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    reference = frozen_copy(policy)
+    assert not reference.training and not any(p.requires_grad for p in reference.parameters())
+    loss, _ = DPOLoss(beta=0.1, reference=reference)(policy, ds.collate([ds[0], ds[1]]))
+    loss.backward()
+    assert all(p.grad is not None for p in policy.parameters())
+    assert any(p.grad.abs().sum() > 0 for p in policy.parameters())
+    assert all(p.grad is None for p in reference.parameters())
+    policy.zero_grad(set_to_none=True)
+
+    before = {k: v.clone() for k, v in reference.state_dict().items()}
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+    config = TrainConfig(batch_size=4, max_steps=3, warmup_steps=0, learning_rate=1e-2,
+                         precision="fp32", device="cpu", progress=False)
+    rows = train(policy, ds, config, loss_fn=DPOLoss(beta=0.1, reference=reference),
+                 collate_fn=ds.collate)
+    assert all(torch.equal(before[k], v) for k, v in reference.state_dict().items())
+    assert any(not torch.equal(start[k], v) for k, v in policy.state_dict().items())
+    assert {"reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"} <= set(rows[0])
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)  # first step: policy == ref
+
+
+def test_train_dpo_live_and_precomputed_reference_agree():
+    # the two ways of getting reference log-probs give the same training run: bit-identical
+    # inputs, so fp32 results may differ only by summation-order rounding (1e-5)
+    runs = []
+    for precompute in (True, False):
+        policy, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+        config = TrainConfig(batch_size=4, max_steps=4, warmup_steps=0, learning_rate=1e-2,
+                             precision="fp32", device="cpu", progress=False)
+        runs.append(train_dpo(policy, ds, config, precompute_reference=precompute))
+    for a, b in zip(*runs, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["reward_margin"] == pytest.approx(b["reward_margin"], abs=1e-5)

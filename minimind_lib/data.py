@@ -424,6 +424,8 @@ class SFTDataset(Dataset):
     >>> batch = ds.collate([ds[0], ds[1]])
     >>> len(ds), ds.skipped, batch["input_ids"].shape == batch["labels"].shape
     (2, 0, True)
+    >>> ds.lengths.tolist(), ds.num_targets   # per chat: "Hello!" (4 tokens) + <|im_end|>
+    ([33, 33], 10)
     """
 
     def __init__(self, records: Iterable[dict], tok: BPETokenizer, max_length: int, *,
@@ -433,6 +435,8 @@ class SFTDataset(Dataset):
             raise ValueError(f"max_length must be positive, got {max_length}")
         self.max_length, self.answer_only = max_length, answer_only
         self.pad_id = tok.token_to_id(PAD_TOKEN)
+        # 2 bytes per id when the vocabulary fits (MiniMind's 6,400 does): half of int32
+        id_dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max + 1 else np.int32
         self.skipped = 0
         ids_parts: list[np.ndarray] = []
         mask_parts: list[np.ndarray] = []
@@ -449,7 +453,7 @@ class SFTDataset(Dataset):
                 if not supervised.any():
                     self.skipped += 1
                     continue
-                ids_parts.append(np.asarray(ids, dtype=np.int32))
+                ids_parts.append(np.asarray(ids, dtype=id_dtype))
                 mask_parts.append(supervised)
                 lengths.append(len(ids))
             bar.update(len(chunk))
@@ -463,6 +467,16 @@ class SFTDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens of every example, (N,)."""
+        return np.diff(self._offsets)
+
+    @property
+    def num_targets(self) -> int:
+        """Tokens that get a loss, over all examples (every token when not ``answer_only``)."""
+        return int(self._supervised.sum()) if self.answer_only else len(self._ids)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         start, end = self._offsets[i], self._offsets[i + 1]

@@ -15,8 +15,8 @@ subcommand (``python -m minimind_lib <stage>``) for free::
         base = ctx.dir("pretrain")        # a load_model folder
         ...                               # train into ctx.out_dir; return a summary dict
 
->>> sorted(STAGES)[:2]
-['pretrain', 'tokenizer']
+>>> list(STAGES)[:2]
+['tokenizer', 'pretrain']
 >>> STAGES["pretrain"].requires
 ('tokenizer',)
 """

@@ -38,7 +38,7 @@ def test_environment_yml_matches_pyproject():
 
 
 def test_torch_is_pinned_to_the_tested_range():
-    assert _pyproject_requirements()["torch"] == "torch>=2.4,<2.14"
+    assert _pyproject_requirements()["torch"] == "torch>=2.5,<2.14"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -96,7 +96,7 @@ def _smoke() -> Profile:
                              num_key_value_heads=2, max_position_embeddings=2048),
         pretrain=StageSettings(batch_size=8, seq_len=128, learning_rate=3e-3, max_steps=80,
                                warmup_steps=5, eval_every=20, save_every=40, max_examples=3000),
-        sft=StageSettings(batch_size=16, seq_len=128, learning_rate=2e-3, max_steps=80,
+        sft=StageSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
                           warmup_steps=5, eval_every=20, save_every=40, max_examples=4000),
         dpo=StageSettings(batch_size=8, seq_len=128, learning_rate=5e-4, max_steps=30,
                           warmup_steps=3, eval_every=10, save_every=30, max_examples=1000),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -115,6 +116,27 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+ALL_STAGES = ("tokenizer", "pretrain", "sft", "dpo", "quantize")
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """Every stage in order (finished, up-to-date ones are reused), then the report."""
+    from minimind_lib.report import write_report
+
+    profile = get_profile(args.profile)
+    root = args.out or profile.runs_dir
+    start = time.perf_counter()
+    for stage in ALL_STAGES:
+        pipeline.ensure(stage, profile, root=root, resume=args.resume, device=args.device,
+                        precision=args.precision, progress=not args.no_progress)
+    wall = time.perf_counter() - start
+    report = write_report(root, profile.name, wall_seconds=wall)
+    print(f"all stages done in {wall / 60:.1f} min -> {report}")
+    return 0
+
+
+COMMANDS["all"] = ("every stage (tokenizer, pretrain, sft, dpo, quantize), then report.md",
+                   add_stage_arguments, run_all)
 COMMANDS["chat"] = ("talk to the model in the terminal", add_chat_arguments, run_chat)
 COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
                      run_serve)

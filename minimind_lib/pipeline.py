@@ -41,6 +41,7 @@ from minimind_lib.device import seed_everything
 from minimind_lib.dpo import dpo_stage
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile, get_profile
+from minimind_lib.quantize import quantize_stage
 from minimind_lib.sft import sft_stage
 from minimind_lib.train import METRICS_FILE, TrainConfig, init_distributed, train
 
@@ -245,3 +246,6 @@ register("sft", requires=("pretrain",), distributed=True, data_schema="sft",
 register("dpo", requires=("sft",), data_schema="dpo",
          description="direct preference optimization of the SFT model against its frozen copy; "
                      "evaluates before and after")(dpo_stage)
+register("quantize", requires=("dpo",),
+         description="int8 weight-only quantisation of the DPO model; size, speed and quality "
+                     "of fp32/fp16/bf16/int8")(quantize_stage)

@@ -23,14 +23,18 @@ True
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import math
 import os
+import shutil
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +48,33 @@ from minimind_lib.checkpoint import (
     read_config,
     save_model,
 )
+from minimind_lib.data import encode_texts, read_jsonl
+from minimind_lib.device import pick_device
+from minimind_lib.evaluate import (
+    answer_budget,
+    eval_files,
+    evaluate_sft,
+    load_eval_records,
+    perplexity,
+    select_per_task,
+    summarize,
+)
 from minimind_lib.model import MiniMindForCausalLM
+from minimind_lib.sft import ModelEval
+from minimind_lib.tokenizer import BPETokenizer
+from minimind_lib.train import METRICS_FILE
+
+if TYPE_CHECKING:
+    from minimind_lib.pipeline import StageContext
+    from minimind_lib.profiles import Profile
 
 QMAX = 127  # symmetric int8: -128 is never used, so +x and -x round to +q and -q
 QUANT_FILE = "quantization.json"
 FORMAT = "int8-weight-only-per-channel"
+SOURCE_STAGE = "dpo"  # the quantize stage shrinks the most trained model
+TOKENIZER_FILE = "tokenizer.json"
+EVAL_FILE = "eval.json"
+TABLE_FILE = "formats.md"
 
 
 # --------------------------------------------------------------------------- absmax, from scratch
@@ -469,7 +495,8 @@ class FormatRow:
 def build_formats(
     model: MiniMindForCausalLM, device: torch.device | str = "cpu"
 ) -> tuple[dict[str, nn.Module], dict[str, str]]:
-    """The model in every format of the table: fp32, fp16, bf16, int8 (ours), int8 (PyTorch).
+    """The model in every format of the table: fp32 (``model`` itself, moved to ``device``),
+    fp16, bf16, int8 (ours), int8 (PyTorch).
 
     Returns ``(models, skipped)``; ``skipped`` maps a format that cannot run here to the reason.
     """
@@ -492,14 +519,14 @@ def build_formats(
 def compare_formats(
     model: MiniMindForCausalLM,
     prompt_ids: Tensor,
-    metrics: dict[str, Callable[[nn.Module], float]] | None = None,
+    evaluate: Callable[[str, nn.Module], dict[str, float]] | None = None,
     device: torch.device | str = "cpu",
     new_tokens: int = 32,
     repeats: int = 3,
 ) -> list[FormatRow]:
     """Size, speed and quality of ``model`` in each format of ``build_formats``.
 
-    ``metrics`` maps a column name to a function of the model (e.g. held-out perplexity and
+    ``evaluate(format_name, model)`` returns the quality columns (e.g. held-out perplexity and
     exact-match from ``minimind_lib.evaluate``); formats that cannot run here get a row with
     the reason in ``note``.
     """
@@ -507,17 +534,30 @@ def compare_formats(
     speeds = measure_speed(models, prompt_ids.to(device), new_tokens, repeats)
     rows = []
     for name, m in models.items():
-        values = {col: float(fn(m)) for col, fn in (metrics or {}).items()}
+        values = {col: float(v) for col, v in (evaluate(name, m) if evaluate else {}).items()}
         rows.append(FormatRow(name, model_size_bytes(m), speeds[name].prefill_tokens_per_s,
                               speeds[name].decode_tokens_per_s, values))
     rows += [FormatRow(name, 0, note=f"skipped: {why}") for name, why in skipped.items()]
     return rows
 
 
+#: how ``format_table`` titles and prints the quality columns it knows (others: 4 digits)
+COLUMNS = {"perplexity": ("perplexity", "{:.4g}"), "exact_match": ("exact-match", "{:.1%}")}
+
+
 def format_table(rows: list[FormatRow]) -> str:
-    """A markdown table of ``compare_formats`` rows (size relative to the first row)."""
+    """A markdown table of ``compare_formats`` rows (size relative to the first row).
+
+    >>> print(format_table([FormatRow("fp32", 4_000_000, 1000.0, 50.0, {"exact_match": 0.25}),
+    ...                     FormatRow("int8", 1_000_000, 900.0, 40.0, {"exact_match": 0.25})]))
+    | format | size (MB) | size vs fp32 | prefill tok/s | decode tok/s | exact-match |
+    |---|---|---|---|---|---|
+    | fp32 | 4.00 | 1.00x | 1,000 | 50.0 | 25.0% |
+    | int8 | 1.00 | 0.25x | 900 | 40.0 | 25.0% |
+    """
     cols = list(dict.fromkeys(c for r in rows for c in r.metrics))  # in order of appearance
-    head = ["format", "size (MB)", "size vs fp32", "prefill tok/s", "decode tok/s", *cols]
+    titles = [COLUMNS.get(c, (c, ""))[0] for c in cols]
+    head = ["format", "size (MB)", "size vs fp32", "prefill tok/s", "decode tok/s", *titles]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = rows[0].size_bytes
     for r in rows:
@@ -526,6 +566,89 @@ def format_table(rows: list[FormatRow]) -> str:
             continue
         cells = [r.name, f"{r.size_bytes / 1e6:.2f}", f"{r.size_bytes / base:.2f}x",
                  f"{r.prefill_tokens_per_s:,.0f}", f"{r.decode_tokens_per_s:,.1f}",
-                 *(f"{r.metrics[c]:.4g}" if c in r.metrics else "" for c in cols)]
+                 *(COLUMNS.get(c, (c, "{:.4g}"))[1].format(r.metrics[c]) if c in r.metrics
+                   else "" for c in cols)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the pipeline stage
+
+
+@dataclass
+class FormatComparison:
+    """What ``measure_formats`` measured: the table rows, and per format the held-out scores
+    (``sft.ModelEval``: question scores per task and text perplexity)."""
+
+    rows: list[FormatRow]
+    evals: dict[str, ModelEval]
+    per_task: int
+    perplexity_tokens: int
+
+
+def measure_formats(model: MiniMindForCausalLM, tokenizer: BPETokenizer, profile: Profile,
+                    device: str | None = None, progress: bool = False) -> FormatComparison:
+    """The format table of notebook 07 and the quantize stage for a trained chat ``model``:
+    size, prefill/decode speed on ``device`` (default: the best here), held-out perplexity
+    and exact-match, for fp32, fp16, bf16, int8 (ours) and int8 (PyTorch)."""
+    # Five formats, each evaluated in full, would cost five times the sft stage's evaluation
+    # (and fp16 matmuls are slow on most CPUs): a tenth of its questions (the same ones for
+    # every format) and a slice of the held-out text keep the comparison fair and short;
+    # perplexity, which needs no generation, is the sharper of the two measures here.
+    per_task = max(2, math.ceil(profile.eval_per_task / 10))
+    questions = select_per_task(load_eval_records(), per_task)
+    budget = answer_budget(tokenizer, questions)
+    seq_len = profile.sft.seq_len
+    ppl_tokens = profile.eval_per_task * seq_len
+    evals: dict[str, ModelEval] = {}
+
+    def evaluate(name: str, m: nn.Module) -> dict[str, float]:
+        tasks = evaluate_sft(m, tokenizer, questions, max_new_tokens=budget, progress=progress)
+        ppl = perplexity(m, tokenizer, eval_files("pretrain")[0], seq_len, max_tokens=ppl_tokens)
+        evals[name] = ModelEval(tasks, ppl)
+        return {"perplexity": ppl, "exact_match": summarize(tasks)["all"].exact_match}
+
+    # the speed prompt: held-out text, as long as the training windows (at most 256 tokens)
+    texts = (r["text"] for r in read_jsonl(eval_files("pretrain")[0], "pretrain"))
+    stream = [i for ids in encode_texts(tokenizer, itertools.islice(texts, 64)) for i in ids]
+    prompt = torch.tensor([stream[:min(256, profile.pretrain.seq_len)]])  # (1, T)
+    rows = compare_formats(model, prompt, evaluate, device=pick_device(device))
+    return FormatComparison(rows, evals, per_task, ppl_tokens)
+
+
+def quantize_stage(ctx: StageContext) -> dict:
+    """The ``quantize`` stage: the ``dpo`` stage's model in int8 (a ``save_quantized`` folder
+    with the tokenizer files beside it), and the format table measured on it: ``eval.json``
+    (per format: held-out perplexity and question scores, as the sft stage writes them),
+    ``formats.md`` / ``metrics.jsonl`` (one row per format: size, prefill and decode speed,
+    perplexity, exact-match)."""
+    profile = ctx.profile
+    tokenizer = BPETokenizer.from_file(ctx.dir("tokenizer") / TOKENIZER_FILE)
+    model = load_model(ctx.dir(SOURCE_STAGE))
+    qmodel = quantize_int8(model)
+    save_quantized(qmodel, ctx.out_dir)
+    with torch.no_grad():  # what is on disk is what we made (and load_quantized is strict)
+        probe = torch.arange(min(16, model.config.vocab_size))[None]  # (1, 16)
+        if not torch.equal(load_quantized(ctx.out_dir)(probe).logits, qmodel(probe).logits):
+            raise RuntimeError(f"{ctx.out_dir}: the reloaded int8 model differs from the saved one")
+    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
+        if f.name != "stage.json":  # the folder is self-contained: serve --model works on it
+            shutil.copyfile(f, ctx.out_dir / f.name)
+
+    result = measure_formats(model, tokenizer, profile, ctx.device, ctx.progress)
+    rows = result.rows
+
+    atomic_write_text(ctx.out_dir / EVAL_FILE, json.dumps(
+        {"per_task": result.per_task, "perplexity_tokens": result.perplexity_tokens,
+         "models": {name: e.to_dict() for name, e in result.evals.items()}}, indent=2) + "\n")
+    atomic_write_text(ctx.out_dir / METRICS_FILE,
+                      "".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    table = format_table(rows)
+    atomic_write_text(ctx.out_dir / TABLE_FILE, table + "\n")
+    print(table)
+    done = [r for r in rows if not r.note]
+    return {"source": SOURCE_STAGE, "format": FORMAT, "eval": EVAL_FILE, "table": TABLE_FILE,
+            "size_bytes": {r.name: r.size_bytes for r in done},
+            "perplexity": {r.name: r.metrics["perplexity"] for r in done},
+            "exact_match": {r.name: r.metrics["exact_match"] for r in done},
+            "skipped": {r.name: r.note for r in rows if r.note}}

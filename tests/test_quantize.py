@@ -245,8 +245,14 @@ def test_int8_perplexity_within_a_few_percent(trained):
 
 def test_compare_formats_table(trained):
     model, held_out = trained
-    rows = compare_formats(model, held_out[:1, :16], {"ppl": lambda m: perplexity(m, held_out)},
-                           new_tokens=4, repeats=1)
+    seen = []
+
+    def evaluate(name, m):
+        seen.append(name)
+        return {"ppl": perplexity(m, held_out)}
+
+    rows = compare_formats(model, held_out[:1, :16], evaluate, new_tokens=4, repeats=1)
+    assert seen == [r.name for r in rows if not r.note]
     names = [r.name for r in rows]
     assert names[:4] == ["fp32", "fp16", "bf16", "int8 (ours)"] and "int8 (PyTorch)" in names
     by = {r.name: r for r in rows}

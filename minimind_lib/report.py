@@ -1,0 +1,133 @@
+"""The run report of ``python -m minimind_lib all``: ``<root>/report.md`` with the loss curves
+(PNG files in ``<root>/figures/``) and the evaluation tables every stage wrote.
+
+It only reads what the stages left in their folders (``stage.json``, ``metrics.jsonl``,
+``eval.json``, ``formats.md``), so it can be rebuilt at any time::
+
+    python -c "from minimind_lib.report import write_report; write_report('runs/cpu')"
+
+A stage that has not run yet gets a line saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+from minimind_lib.checkpoint import atomic_write_text
+from minimind_lib.evaluate import (
+    PreferenceScores,
+    format_preference_table,
+    format_table,
+)
+from minimind_lib.pipeline import read_marker
+from minimind_lib.plotting import plot_metrics, read_metrics
+from minimind_lib.quantize import TABLE_FILE
+from minimind_lib.sft import EVAL_FILE, eval_report, read_eval
+from minimind_lib.train import METRICS_FILE
+
+REPORT_FILE = "report.md"
+FIGURES_DIR = "figures"
+STAGE_ORDER = ("tokenizer", "pretrain", "sft", "dpo", "quantize")
+TRAINING_STAGES = {  # stage -> extra metrics plotted beside loss and learning rate
+    "pretrain": (),
+    "sft": (),
+    "dpo": ("reward_margin", "reward_accuracy"),
+}
+
+
+def _figure(root: Path, stage: str) -> str | None:
+    """Plot ``stage``'s metrics to ``figures/<stage>_loss.png``; its path relative to root."""
+    path = root / stage / METRICS_FILE
+    if not path.is_file():
+        return None
+    rows = read_metrics(path)
+    extra = [k for k in TRAINING_STAGES[stage] if any(k in r for r in rows)]
+    fig = plot_metrics(rows, title=f"{stage} ({len(rows)} steps)", extra=extra)
+    out = root / FIGURES_DIR / f"{stage}_loss.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out.relative_to(root).as_posix()
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _stage_table(root: Path) -> tuple[str, float]:
+    lines = ["| stage | status | seconds | summary |", "|---|---|---:|---|"]
+    total = 0.0
+    for stage in STAGE_ORDER:
+        marker = read_marker(root / stage)
+        if marker is None:
+            lines.append(f"| {stage} | not run | | |")
+            continue
+        total += marker["seconds"]
+        keys = ("final_loss", "final_val_loss", "steps", "tokens")
+        summary = ", ".join(f"{k} {_fmt(marker['summary'][k])}" for k in keys
+                            if marker["summary"].get(k) is not None)
+        lines.append(f"| {stage} | done | {marker['seconds']:.0f} | {summary} |")
+    return "\n".join(lines), total
+
+
+def _dpo_preferences(root: Path) -> str | None:
+    path = root / "dpo" / EVAL_FILE
+    if not path.is_file():
+        return None
+    prefs = json.loads(path.read_text(encoding="utf-8")).get("preference")
+    if not prefs:
+        return None
+    results = {name.upper(): {task: PreferenceScores(**v) for task, v in res.items()}
+               for name, res in prefs.items()}
+    return format_preference_table(results)
+
+
+def write_report(root: str | os.PathLike, profile_name: str | None = None,
+                 wall_seconds: float | None = None) -> Path:
+    """Write ``<root>/report.md`` (and the figures) from the stage folders under ``root``."""
+    root = Path(root)
+    stages, stage_seconds = _stage_table(root)
+    name = profile_name or root.name
+    out = [f"# MiniMind run report: profile `{name}`", "",
+           f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'this machine'} "
+           f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+           f"{torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'}).", "",
+           "## Stages", "", stages, "",
+           f"Stage time, summed: {stage_seconds / 60:.1f} min"
+           + (f"; this command's wall time: {wall_seconds / 60:.1f} min (finished stages are "
+              "reused, not rerun)." if wall_seconds is not None else "."), ""]
+
+    for stage, title in (("pretrain", "Pretraining"), ("sft", "Supervised fine-tuning"),
+                         ("dpo", "DPO")):
+        out += [f"## {title}", ""]
+        figure = _figure(root, stage)
+        out += [f"![{stage} loss]({figure})", ""] if figure else [f"(no {stage} metrics yet)", ""]
+        if stage in ("sft", "dpo") and (root / stage / EVAL_FILE).is_file():
+            if stage == "dpo" and (prefs := _dpo_preferences(root)):
+                out += ["Held-out preference accuracy:", "", prefs, ""]
+            out += ["Held-out questions (greedy, through the chat template) and text perplexity:",
+                    "", eval_report(read_eval(root / stage)), ""]
+
+    out += ["## Quantisation", ""]
+    table = root / "quantize" / TABLE_FILE
+    if table.is_file():
+        out += [f"The `{read_marker(root / 'quantize')['summary']['source']}` model in each format,"
+                " measured on this machine (speed: batch 1, greedy, median of 3 runs):", "",
+                table.read_text(encoding="utf-8").strip(), ""]
+        evals = read_eval(root / "quantize")
+        out += ["Held-out questions per format:", "",
+                format_table({k: e.tasks for k, e in evals.items()},
+                             metrics=("exact_match", "format_rate")), ""]
+    else:
+        out += ["(the quantize stage has not run yet)", ""]
+
+    path = root / REPORT_FILE
+    atomic_write_text(path, "\n".join(out))
+    return path

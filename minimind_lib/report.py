@@ -61,6 +61,19 @@ def _fmt(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _summary(summary: dict) -> str:
+    """The headline numbers of a stage's ``stage.json`` summary."""
+    if "size_bytes" in summary:  # the quantize stage
+        size, ppl = summary["size_bytes"], summary["perplexity"]
+        return (f"int8 {size['int8 (ours)'] / size['fp32']:.2f}x the fp32 bytes; perplexity "
+                f"fp32 {ppl['fp32']:.4g}, int8 {ppl['int8 (ours)']:.4g}")
+    keys = ("steps", "tokens", "final_loss", "final_val_loss")
+    parts = [f"{k} {_fmt(summary[k])}" for k in keys if summary.get(k) is not None]
+    for k, v in (summary.get("preference_accuracy") or {}).items():
+        parts.append(f"{k} acc. {v:.1%}")
+    return ", ".join(parts)
+
+
 def _stage_table(root: Path) -> tuple[str, float]:
     lines = ["| stage | status | seconds | summary |", "|---|---|---:|---|"]
     total = 0.0
@@ -70,10 +83,7 @@ def _stage_table(root: Path) -> tuple[str, float]:
             lines.append(f"| {stage} | not run | | |")
             continue
         total += marker["seconds"]
-        keys = ("final_loss", "final_val_loss", "steps", "tokens")
-        summary = ", ".join(f"{k} {_fmt(marker['summary'][k])}" for k in keys
-                            if marker["summary"].get(k) is not None)
-        lines.append(f"| {stage} | done | {marker['seconds']:.0f} | {summary} |")
+        lines.append(f"| {stage} | done | {marker['seconds']:.0f} | {_summary(marker['summary'])} |")
     return "\n".join(lines), total
 
 
@@ -94,7 +104,8 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
     """Write ``<root>/report.md`` (and the figures) from the stage folders under ``root``."""
     root = Path(root)
     stages, stage_seconds = _stage_table(root)
-    name = profile_name or root.name
+    markers = [m for st in STAGE_ORDER if (m := read_marker(root / st)) is not None]
+    name = profile_name or (markers[0]["fingerprint"]["profile"] if markers else root.name)
     out = [f"# MiniMind run report: profile `{name}`", "",
            f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'this machine'} "
            f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "

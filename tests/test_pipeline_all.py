@@ -1,0 +1,87 @@
+"""`python -m minimind_lib all` end to end: tokenizer -> pretrain -> sft -> dpo -> quantize on a
+shrunken smoke profile, then report.md; a second run reuses every finished stage."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import minimind_lib.__main__ as cli
+from minimind_lib.pipeline import read_marker
+from minimind_lib.profiles import get_profile
+from minimind_lib.quantize import QuantLinear, load_for_inference, model_size_bytes
+from minimind_lib.report import FIGURES_DIR, REPORT_FILE
+from minimind_lib.serve import find_model_dir
+
+STAGES = ("tokenizer", "pretrain", "sft", "dpo", "quantize")
+
+
+def tiny_smoke():
+    """The smoke profile with a few steps per stage: the whole pipeline, in well under the
+    full smoke run's time (this test checks the plumbing, not the learning)."""
+    p = get_profile("smoke")
+    few = {"warmup_steps": 1, "eval_every": 4, "save_every": 4}
+    return replace(
+        p, eval_per_task=2,
+        pretrain=replace(p.pretrain, max_steps=6, max_examples=300, **few),
+        sft=replace(p.sft, max_steps=6, batch_size=8, max_examples=200, **few),
+        dpo=replace(p.dpo, max_steps=4, batch_size=4, max_examples=60, **few))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs") / "smoke"
+    profile = tiny_smoke()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cli, "get_profile", lambda name=None: profile)
+    assert cli.main(["all", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 0
+    yield root, mp
+    mp.undo()
+
+
+def test_every_stage_finished(run):
+    root, _ = run
+    for stage in STAGES:
+        marker = read_marker(root / stage)
+        assert marker is not None and marker["stage"] == stage, stage
+    for stage in ("pretrain", "sft", "dpo"):
+        rows = [json.loads(line) for line in (root / stage / "metrics.jsonl").open()]
+        assert rows and all("loss" in r for r in rows), stage
+    assert find_model_dir(root) == root / "dpo"  # what `serve` picks by default
+
+
+def test_quantize_output(run):
+    root, _ = run
+    fp32 = load_for_inference(root / "dpo")
+    int8 = load_for_inference(root / "quantize")
+    assert isinstance(int8.model.layers[0].mlp.up_proj, QuantLinear)
+    assert model_size_bytes(int8) < 0.3 * model_size_bytes(fp32)
+    summary = read_marker(root / "quantize")["summary"]
+    assert summary["source"] == "dpo"
+    assert {"fp32", "fp16", "bf16", "int8 (ours)"} <= set(summary["perplexity"])
+    ppl = summary["perplexity"]
+    assert abs(ppl["int8 (ours)"] / ppl["fp32"] - 1) < 0.03  # a few percent at most
+    rows = [json.loads(line) for line in (root / "quantize" / "metrics.jsonl").open()]
+    assert [r["name"] for r in rows][:4] == ["fp32", "fp16", "bf16", "int8 (ours)"]
+    assert (root / "quantize" / "tokenizer.json").is_file()  # serve --model works on it alone
+
+
+def test_report(run):
+    root, _ = run
+    text = (root / REPORT_FILE).read_text()
+    for stage in STAGES:
+        assert f"| {stage} | done |" in text
+    for stage in ("pretrain", "sft", "dpo"):
+        png = root / FIGURES_DIR / f"{stage}_loss.png"
+        assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+        assert f"]({FIGURES_DIR}/{stage}_loss.png)" in text
+    assert "| int8 (ours) |" in text and "perplexity" in text
+    assert "exact-match" in text and "preference" in text.lower()
+
+
+def test_second_run_reuses_finished_stages(run, capsys):
+    root, _ = run
+    before = {s: read_marker(root / s)["run_id"] for s in STAGES}
+    assert cli.main(["all", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 0
+    assert {s: read_marker(root / s)["run_id"] for s in STAGES} == before
+    assert "[pipeline] stage" not in capsys.readouterr().out  # nothing ran again

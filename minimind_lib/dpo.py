@@ -62,7 +62,15 @@ from minimind_lib.evaluate import (
     summarize,
     summarize_preferences,
 )
-from minimind_lib.sft import EVAL_FILE, TOKENIZER_FILE, eval_report, evaluate_model, read_eval
+from minimind_lib.model import MiniMindForCausalLM
+from minimind_lib.sft import (
+    EVAL_FILE,
+    TOKENIZER_FILE,
+    ModelEval,
+    eval_report,
+    evaluate_model,
+    read_eval,
+)
 from minimind_lib.tokenizer import BPETokenizer
 from minimind_lib.train import METRICS_FILE, TrainConfig, train
 
@@ -91,17 +99,21 @@ def answer_logprobs(logits: Tensor, labels: Tensor, average: bool = False) -> Te
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits' (batch, seq_len) "
                          f"{tuple(logits.shape[:2])}")
-    targets = labels[:, 1:]  # (B, T-1): token t+1 is scored by position t
-    mask = targets != IGNORE_INDEX  # (B, T-1)
-    counts = mask.sum(dim=1)  # (B,)
+    counts = _answer_counts(labels)  # (B,)
+    per_token = -F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels[:, 1:],  # (B, T-1)
+                                 ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
+    total = per_token.sum(dim=1)  # (B,)
+    return total / counts if average else total
+
+
+def _answer_counts(labels: Tensor) -> Tensor:
+    """Answer tokens per row (B,) (position t scores token t+1); an error for an empty answer."""
+    counts = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)  # (B,)
     if bool((counts == 0).any()):
         row = int((counts == 0).nonzero()[0, 0])
         raise ValueError(f"row {row} has no supervised token (its labels are all -100 after the "
                          "first position); a pair needs a non-empty answer")
-    per_token = -F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets,  # (B, T-1)
-                                 ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
-    total = per_token.sum(dim=1)  # (B,)
-    return total / counts if average else total
+    return counts
 
 
 def sequence_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
@@ -127,8 +139,19 @@ def sequence_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
     >>> sequence_logprobs(model, ids, torch.tensor([[-100, -100, 5, 6]])).shape
     torch.Size([1])
     """
-    logits = model(input_ids).logits  # (B, T, V)
-    return answer_logprobs(logits, labels, average)
+    if not isinstance(model, MiniMindForCausalLM):  # e.g. wrapped in DDP: the plain forward
+        return answer_logprobs(model(input_ids).logits, labels, average)
+    # subtle: only the answer positions need logits. The output head (V x C) is most of a small
+    # model's compute and answers are a fraction of each sequence, so run the trunk, then the
+    # head on the answer positions only: the same numbers as ``answer_logprobs(model(x).logits)``
+    counts = _answer_counts(labels)  # (B,)
+    hidden, _ = model.model(input_ids)  # (B, T, C)
+    targets = labels[:, 1:]  # (B, T-1)
+    rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)  # (N,) each: answer positions
+    logits = model.lm_head(hidden[rows, cols])  # (N, V)
+    per_token = -F.cross_entropy(logits.float(), targets[rows, cols], reduction="none")  # (N,)
+    total = per_token.new_zeros(len(counts)).index_add(0, rows, per_token)  # (B,)
+    return total / counts if average else total
 
 
 # --- 2. the loss -----------------------------------------------------------------------
@@ -385,6 +408,19 @@ def evaluate_preferences(policy: nn.Module, pairs: DPODataset, reference_logps: 
     logps = pair_logprobs(policy, pairs, device=device, precision=precision)  # (N, 2)
     return PreferenceEval(score_preferences(pairs.tasks, pairs.families, reference_logps),
                           score_preferences(pairs.tasks, pairs.families, logps, reference_logps))
+
+
+def read_dpo_eval(stage_dir: str | Path) -> tuple[PreferenceEval, dict[str, ModelEval]]:
+    """The ``eval.json`` of a ``dpo`` stage folder: preference accuracy, and the SFT and DPO
+    models' held-out question scores ({"sft": ..., "dpo": ...})."""
+    path = Path(stage_dir) / EVAL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (run the dpo stage first)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    prefs = {name: {k: PreferenceScores(**v) for k, v in res.items()}
+             for name, res in data["preference"].items()}
+    return (PreferenceEval(prefs["sft"], prefs["dpo"]),
+            {name: ModelEval.from_dict(d) for name, d in data["models"].items()})
 
 
 def dpo_stage(ctx: StageContext) -> dict:

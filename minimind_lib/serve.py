@@ -220,6 +220,9 @@ class _Job:
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def emit(self, kind: str, value: object) -> None:  # called from the worker thread
+        if self.loop.is_closed():  # the server shut down mid-generation: nobody is listening
+            self.cancel.set()
+            return
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 

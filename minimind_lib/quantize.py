@@ -453,14 +453,16 @@ def measure_speed(
     the median over repeats is reported.  Decoding is greedy through ``model.stream`` and runs
     all ``new_tokens`` steps (no early stop).
     """
+    for model in models.values():  # warm-up: kernels, allocators, the first KV cache
+        _time_generation(model, prompt_ids, 2)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
-    for _ in range(repeats + 1):  # the first round warms up kernels and allocators
+    for _ in range(repeats):
         for name, model in models.items():
             times[name].append(_time_generation(model, prompt_ids, new_tokens))
     speeds = {}
     for name, runs in times.items():
-        prefill = statistics.median(r[0] for r in runs[1:])
-        decode = statistics.median(r[1] for r in runs[1:])
+        prefill = statistics.median(r[0] for r in runs)
+        decode = statistics.median(r[1] for r in runs)
         speeds[name] = Speed(prompt_ids.numel() / prefill,
                              prompt_ids.shape[0] * (new_tokens - 1) / decode)
     return speeds
@@ -612,7 +614,7 @@ def measure_formats(model: MiniMindForCausalLM, tokenizer: BPETokenizer, profile
     texts = (r["text"] for r in read_jsonl(eval_files("pretrain")[0], "pretrain"))
     stream = [i for ids in encode_texts(tokenizer, itertools.islice(texts, 64)) for i in ids]
     prompt = torch.tensor([stream[:min(256, profile.pretrain.seq_len)]])  # (1, T)
-    rows = compare_formats(model, prompt, evaluate, device=pick_device(device))
+    rows = compare_formats(model, prompt, evaluate, device=pick_device(device), new_tokens=16)
     return FormatComparison(rows, evals, per_task, ppl_tokens)
 
 

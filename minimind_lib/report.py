@@ -129,8 +129,9 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
     out += ["## Quantisation", ""]
     table = root / "quantize" / TABLE_FILE
     if table.is_file():
-        out += [f"The `{read_marker(root / 'quantize')['summary']['source']}` model in each format,"
-                " measured on this machine (speed: batch 1, greedy, median of 3 runs):", "",
+        source = read_marker(root / "quantize")["summary"]["source"]
+        out += [f"The `{source}` model in each format, measured on this machine (speed: batch 1, "
+                "greedy, 16 new tokens, median of 3 rounds):", "",
                 table.read_text(encoding="utf-8").strip(), ""]
         evals = read_eval(root / "quantize")
         out += ["Held-out questions per format:", "",

@@ -8,6 +8,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROFILE ?= auto
 export PYTHONHASHSEED := 0
+# Tests use tiny models, where one thread is as fast as two, and a torch that shares the
+# cores with another busy process slows down 5-20x per extra thread (threads spin-wait at
+# each barrier). Override with `make test TEST_THREADS=2`.
+TEST_THREADS ?= 1
 
 .PHONY: setup run test lint unit notebooks lab data bench clean
 
@@ -30,10 +34,10 @@ lint: setup
 	$(VENV)/bin/ruff check minimind_lib tests scripts benchmarks
 
 unit: setup
-	MINIMIND_PROFILE=smoke $(PY) -m pytest tests -q
+	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest tests -q
 
 notebooks: setup
-	MINIMIND_PROFILE=smoke $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
+	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

@@ -43,6 +43,7 @@ from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+QUANT_FILE = "quantization.json"  # present in int8 folders (minimind_lib.quantize)
 STATE_FILE = "train_state.pt"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
@@ -144,7 +145,12 @@ def read_config(directory: str | Path) -> MiniMindConfig:
 
 
 def load_model(directory: str | Path, device: str | torch.device = "cpu") -> MiniMindForCausalLM:
-    """Rebuild the model saved by ``save_model``; the weights must fit its config exactly."""
+    """Rebuild the model saved by ``save_model`` (or by ``quantize.save_quantized``: an int8
+    folder, recognised by its ``quantization.json``); the weights must fit the config exactly."""
+    if (Path(directory) / QUANT_FILE).is_file():
+        from minimind_lib.quantize import load_quantized  # local: quantize builds on this module
+
+        return load_quantized(directory, device)
     model = MiniMindForCausalLM(read_config(directory))
     load_weights(model, Path(directory) / WEIGHTS_FILE, device=device)
     return model.to(device).eval()

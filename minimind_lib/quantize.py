@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minimind_lib.checkpoint import (
+    QUANT_FILE,
     WEIGHTS_FILE,
     atomic_write_text,
     load_model,
@@ -69,7 +70,6 @@ if TYPE_CHECKING:
     from minimind_lib.profiles import Profile
 
 QMAX = 127  # symmetric int8: -128 is never used, so +x and -x round to +q and -q
-QUANT_FILE = "quantization.json"
 FORMAT = "int8-weight-only-per-channel"
 SOURCE_STAGE = "dpo"  # the quantize stage shrinks the most trained model
 TOKENIZER_FILE = "tokenizer.json"
@@ -370,14 +370,6 @@ def load_quantized(directory: str | os.PathLike,
         _install_group(model, names, q, scale)
     load_weights(model, directory / WEIGHTS_FILE, device=device)
     return model.to(device).eval()
-
-
-def load_for_inference(directory: str | os.PathLike,
-                       device: str | torch.device = "cpu") -> MiniMindForCausalLM:
-    """Load any stage folder: an int8 one (``quantization.json`` present) or a plain one."""
-    if is_quantized_checkpoint(directory):
-        return load_quantized(directory, device)
-    return load_model(directory, device)
 
 
 # --------------------------------------------------------------------------- other formats

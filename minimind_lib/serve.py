@@ -613,10 +613,10 @@ def find_tokenizer(model_dir: str | os.PathLike) -> BPETokenizer:
 def load_for_serving(model_dir: str | os.PathLike,
                      device: str | torch.device | None = None) -> tuple[nn.Module, BPETokenizer]:
     """Model (fp32 or int8 folder) and tokenizer of ``model_dir``, ready to generate."""
+    from minimind_lib.checkpoint import load_model
     from minimind_lib.device import pick_device
-    from minimind_lib.quantize import load_for_inference
 
-    model = load_for_inference(model_dir, device or pick_device())
+    model = load_model(model_dir, device or pick_device())
     tokenizer = find_tokenizer(model_dir)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model "

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import minimind_lib.__main__ as cli
+from minimind_lib.checkpoint import load_model
 from minimind_lib.pipeline import read_marker
 from minimind_lib.profiles import get_profile
-from minimind_lib.quantize import QuantLinear, load_for_inference, model_size_bytes
+from minimind_lib.quantize import QuantLinear, model_size_bytes
 from minimind_lib.report import FIGURES_DIR, REPORT_FILE
 from minimind_lib.serve import find_model_dir
 
@@ -60,8 +61,8 @@ def test_every_stage_finished(run):
 
 def test_quantize_output(run):
     root, _ = run
-    fp32 = load_for_inference(root / "dpo")
-    int8 = load_for_inference(root / "quantize")
+    fp32 = load_model(root / "dpo")
+    int8 = load_model(root / "quantize")
     assert isinstance(int8.model.layers[0].mlp.up_proj, QuantLinear)
     assert model_size_bytes(int8) < 0.3 * model_size_bytes(fp32)
     summary = read_marker(root / "quantize")["summary"]

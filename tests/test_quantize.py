@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import Dataset
 
-from minimind_lib.checkpoint import CheckpointMismatchError, save_model
+from minimind_lib.checkpoint import CheckpointMismatchError, load_model, save_model
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.quantize import (
     QMAX,
@@ -24,7 +24,6 @@ from minimind_lib.quantize import (
     compare_formats,
     dequantize,
     format_table,
-    load_for_inference,
     load_quantized,
     model_size_bytes,
     quantization_groups,
@@ -164,10 +163,10 @@ def test_save_load_round_trip(tmp_path):
     # the file holds what model_size_bytes counts, plus a small json header
     size = (tmp_path / "q" / "model.safetensors").stat().st_size
     assert model_size_bytes(qm) < size < model_size_bytes(qm) + 16_384
-    # load_for_inference tells the two kinds of folder apart
+    # checkpoint.load_model tells the two kinds of folder apart
     save_model(tiny_model(), tmp_path / "plain")
-    assert isinstance(load_for_inference(tmp_path / "plain").lm_head, nn.Linear)
-    assert isinstance(load_for_inference(tmp_path / "q").lm_head, QuantLinear)
+    assert isinstance(load_model(tmp_path / "plain").lm_head, nn.Linear)
+    assert isinstance(load_model(tmp_path / "q").lm_head, QuantLinear)
 
 
 def test_load_is_strict(tmp_path):

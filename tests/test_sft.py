@@ -184,16 +184,6 @@ def test_padded_batch_gives_each_row_its_unpadded_loss():
 # --- end to end in the smoke profile -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory):
-    """``python -m minimind_lib sft --profile smoke`` (tokenizer -> pretrain -> sft) in a tmp dir."""
-    from minimind_lib.__main__ import main
-
-    root = tmp_path_factory.mktemp("runs")
-    assert main(["sft", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 0
-    return root
-
-
 def test_sft_stage_writes_a_model_metrics_and_before_after_eval(smoke_runs):
     from minimind_lib.checkpoint import load_model
     from minimind_lib.evaluate import summarize

@@ -5,7 +5,6 @@ import json
 from dataclasses import replace
 
 import pytest
-import torch
 
 import minimind_lib.__main__ as cli
 from minimind_lib.checkpoint import load_model
@@ -36,15 +35,11 @@ def run(tmp_path_factory):
     profile = tiny_smoke()
     mp = pytest.MonkeyPatch()
     mp.setattr(cli, "get_profile", lambda name=None: profile)
-    # One thread: these tiny models gain nothing from two, and on a CPU shared with other jobs
-    # OpenMP's spinning barriers made this run 20x slower (158 s instead of 8 s, measured).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    # (thread count: `make test` runs torch on one thread, see the Makefile's TEST_THREADS)
     try:
         assert cli.main(["all", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 0
         yield root, mp
     finally:
-        torch.set_num_threads(threads)
         mp.undo()
 
 

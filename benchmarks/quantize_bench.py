@@ -4,7 +4,7 @@ For the cpu-profile model and MiniMind2-Small (random weights: bytes and speed d
 shapes, not the values), in fp32, fp16, bf16, int8 (ours, weight-only) and int8 (PyTorch's
 dynamic): bytes of the weights, prefill tokens/s (a ``--prompt``-token prompt in one pass) and
 decode tokens/s (``--new`` greedy tokens with the KV cache), batch 1. Formats run round robin
-(``quantize.measure_speed``), ``--repeats`` rounds after a warm-up, median reported, so
+(``formats.measure_speed``), ``--repeats`` rounds after a warm-up, median reported, so
 background load hits every format alike; ratios are to fp32.
 
 Torch runs on ``--threads`` threads (default 1): on a CPU shared with other jobs, OpenMP's
@@ -20,9 +20,10 @@ import argparse
 
 import torch
 
+from minimind_lib.formats import build_formats, measure_speed
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.profiles import get_profile
-from minimind_lib.quantize import build_formats, measure_speed, model_size_bytes
+from minimind_lib.quantize import model_size_bytes
 
 
 def bench(name: str, config: MiniMindConfig, prompt: int, new: int, repeats: int) -> None:

@@ -1,6 +1,6 @@
 """Command line: ``python -m minimind_lib <command> [options]``.
 
-Every stage registered in ``minimind_lib.pipeline`` is a subcommand taking the same options::
+Every stage registered in ``minimind_lib.stages`` is a subcommand taking the same options::
 
     python -m minimind_lib pretrain --profile cpu [--out DIR] [--resume]
     torchrun --nproc_per_node 2 -m minimind_lib pretrain --profile full   # DDP
@@ -22,6 +22,7 @@ from functools import partial
 from minimind_lib import pipeline
 from minimind_lib.device import PRECISIONS
 from minimind_lib.profiles import PROFILE_NAMES, get_profile
+from minimind_lib.stages import STAGES
 
 #: extra subcommands: name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
@@ -66,10 +67,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_chosen_model(args: argparse.Namespace):
-    from minimind_lib import serve
+    from minimind_lib.inference import load_for_serving
 
-    model_dir = args.model or serve.find_model_dir(args.out or get_profile(args.profile).runs_dir)
-    model, tokenizer = serve.load_for_serving(model_dir, args.device)
+    model_dir = args.model or pipeline.find_model_dir(args.out or get_profile(args.profile).runs_dir)
+    model, tokenizer = load_for_serving(model_dir, args.device)
     print(f"model: {model_dir} ({model.num_parameters():,} parameters)", file=sys.stderr)
     return model, tokenizer
 
@@ -84,11 +85,11 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from minimind_lib import serve
+    from minimind_lib.inference import ChatSession, SamplingParams, chat_loop
 
-    params = serve.SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    params = SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     model, tokenizer = load_chosen_model(args)
-    serve.chat_loop(serve.ChatSession(model, tokenizer, args.system, params))
+    chat_loop(ChatSession(model, tokenizer, args.system, params))
     return 0
 
 
@@ -96,7 +97,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8998)
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default 8998)")
     parser.add_argument("--name", default="minimind", help="the model id clients see")
 
 
@@ -105,18 +106,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from minimind_lib import serve
 
+    port = args.port or serve.DEFAULT_PORT
     model, tokenizer = load_chosen_model(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding {args.host}: the server is reachable from other machines and "
               "has no authentication", file=sys.stderr)
-    print(f"serving on http://{args.host}:{args.port} (POST /generate, "
+    print(f"serving on http://{args.host}:{port} (POST /generate, "
           "POST /v1/chat/completions, GET /v1/models)", file=sys.stderr)
     uvicorn.run(serve.create_app(model, tokenizer, model_name=args.name), host=args.host,
-                port=args.port, log_level="warning")
+                port=port, log_level="warning")
     return 0
-
-
-ALL_STAGES = ("tokenizer", "pretrain", "sft", "dpo", "quantize")
 
 
 def run_all(args: argparse.Namespace) -> int:
@@ -126,8 +125,8 @@ def run_all(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     root = args.out or profile.runs_dir
     start = time.perf_counter()
-    for stage in ALL_STAGES:
-        pipeline.ensure(stage, profile, root=root, resume=args.resume, device=args.device,
+    for stage in pipeline.stages_in_all():
+        pipeline.ensure(stage.name, profile, root=root, resume=args.resume, device=args.device,
                         precision=args.precision, progress=not args.no_progress)
     wall = time.perf_counter() - start
     report = write_report(root, profile.name, wall_seconds=wall)
@@ -135,8 +134,8 @@ def run_all(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS["all"] = ("every stage (tokenizer, pretrain, sft, dpo, quantize), then report.md",
-                   add_stage_arguments, run_all)
+COMMANDS["all"] = (f"every stage ({', '.join(s.name for s in pipeline.stages_in_all())}), "
+                   "then report.md", add_stage_arguments, run_all)
 COMMANDS["chat"] = ("talk to the model in the terminal", add_chat_arguments, run_chat)
 COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
                      run_serve)
@@ -146,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minimind_lib",
                                      description="MiniMind from Scratch: run the course's stages.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for stage in pipeline.STAGES.values():
+    for stage in STAGES.values():
         p = sub.add_parser(stage.name, help=stage.description)
         add_stage_arguments(p)
         p.set_defaults(func=partial(run_stage, stage.name))

@@ -3,13 +3,13 @@
 Two kinds of files live here:
 
 * a **model folder** (``save_model`` / ``load_model``): ``model.safetensors`` + ``config.json``
-  (the ``MiniMindConfig`` fields as one flat json object). Every stage's output is one.
+  (the ``MiniMindConfig`` fields as one flat json object), plus ``quantization.json`` when the
+  model holds int8 layers (``minimind_lib.quantize``). Every stage's output is one.
 * a **training checkpoint** (``save_checkpoint`` / ``load_checkpoint``): a model folder plus
   ``train_state.pt`` (optimizer, scaler, step, RNG states, data position), kept under
   ``<out>/checkpoints/step_NNNNNNN/`` with a ``latest`` pointer file.
 
-Writes are atomic: a file is written to a temporary name, flushed to disk, then renamed over
-its target (``os.replace`` is atomic on POSIX and Windows). A checkpoint folder is written
+Writes are atomic (``minimind_lib.files``). A checkpoint folder is written
 whole under a temporary name and renamed, and only then does ``latest`` point at it, so a
 kill at any moment leaves the previous checkpoint loadable.
 
@@ -31,71 +31,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import safetensors.torch
 import torch
 from torch import nn
 
+from minimind_lib.files import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    LATEST_FILE,
+    QUANT_FILE,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    atomic_path,
+    atomic_write_text,
+    fsync_dir,
+)
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-QUANT_FILE = "quantization.json"  # present in int8 folders (minimind_lib.quantize)
-STATE_FILE = "train_state.pt"
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_FILE = "latest"
+from minimind_lib.quantize import FORMAT as INT8_FORMAT
+from minimind_lib.quantize import install_int8_layers, quantized_groups
 
 
 class CheckpointMismatchError(ValueError):
     """Saved tensors do not fit the model (missing/unexpected keys or wrong shapes)."""
-
-
-# --- atomic writes ---------------------------------------------------------------------
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name == "posix":  # a rename is durable only once its folder entry is flushed
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it over ``path``.
-
-    If the body raises (or the process dies), ``path`` keeps its old content and the
-    temporary file is removed (or left as ``*.tmp-<pid>``, ignored by every reader).
-
-    >>> import tempfile
-    >>> p = Path(tempfile.mkdtemp()) / "x.txt"
-    >>> with atomic_path(p) as tmp:
-    ...     _ = tmp.write_text("hello")
-    >>> p.read_text()
-    'hello'
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see ``atomic_path``)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
 
 
 # --- weights and model folders ---------------------------------------------------------
@@ -125,11 +85,18 @@ def load_weights(module: nn.Module, path: str | Path, device: str | torch.device
 
 
 def save_model(model: MiniMindForCausalLM, directory: str | Path) -> Path:
-    """Write ``directory/config.json`` then ``directory/model.safetensors`` (each atomic)."""
+    """Write ``directory/config.json`` then ``directory/model.safetensors`` (each atomic); for a
+    model with int8 layers (``quantize.quantize_int8``) also ``quantization.json``, last: a
+    folder without it is read as a plain one, which then fails strictly, never half-int8."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / QUANT_FILE).unlink(missing_ok=True)  # a plain model replacing an int8 one
     atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
     save_weights(model, directory / WEIGHTS_FILE)
+    groups = quantized_groups(model)
+    if groups:
+        atomic_write_text(directory / QUANT_FILE,
+                          json.dumps({"format": INT8_FORMAT, "groups": groups}, indent=2) + "\n")
     return directory
 
 
@@ -144,15 +111,26 @@ def read_config(directory: str | Path) -> MiniMindConfig:
         raise ValueError(f"{path}: {e}") from None
 
 
-def load_model(directory: str | Path, device: str | torch.device = "cpu") -> MiniMindForCausalLM:
-    """Rebuild the model saved by ``save_model`` (or by ``quantize.save_quantized``: an int8
-    folder, recognised by its ``quantization.json``); the weights must fit the config exactly."""
-    if (Path(directory) / QUANT_FILE).is_file():
-        from minimind_lib.quantize import load_quantized  # local: quantize builds on this module
+def _int8_groups(directory: Path) -> list[list[str]] | None:
+    """The int8 module groups of ``directory`` (its ``quantization.json``), or None."""
+    path = directory / QUANT_FILE
+    if not path.is_file():
+        return None
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("format") != INT8_FORMAT:
+        raise ValueError(f"{path}: format is {meta.get('format')!r}, expected {INT8_FORMAT!r}")
+    return meta.get("groups") or []
 
-        return load_quantized(directory, device)
+
+def load_model(directory: str | Path, device: str | torch.device = "cpu") -> MiniMindForCausalLM:
+    """Rebuild the model ``save_model`` wrote (fp32/bf16 or int8); strict: the weights must fit
+    the config (and the int8 groups) exactly."""
+    directory = Path(directory)
     model = MiniMindForCausalLM(read_config(directory))
-    load_weights(model, Path(directory) / WEIGHTS_FILE, device=device)
+    groups = _int8_groups(directory)
+    if groups is not None:  # empty int8 modules of the right shapes; the weights come next
+        install_int8_layers(model, groups, source=str(directory / QUANT_FILE))
+    load_weights(model, directory / WEIGHTS_FILE, device=device)
     return model.to(device).eval()
 
 
@@ -193,7 +171,7 @@ def save_checkpoint(
     if final.exists():  # the same step saved again (e.g. a resumed run that was complete)
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     atomic_write_text(root / LATEST_FILE, name + "\n")  # the commit point
     finished = sorted(p for p in root.glob("step_*") if ".tmp-" not in p.name)
     kept = set(finished[-keep:]) | {final}

@@ -26,8 +26,9 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from minimind_lib import DATA_DIR
-from minimind_lib.checkpoint import atomic_write_text
-from minimind_lib.tokenizer import BPETokenizer, chat_parts
+from minimind_lib.files import PRETOKENIZED_META, atomic_write_text
+from minimind_lib.model import IGNORE_INDEX
+from minimind_lib.tokenizer import END_OF_TEXT, IM_END, IM_START, BPETokenizer, chat_parts
 
 SCHEMAS = ("pretrain", "sft", "dpo")
 ROLES = ("system", "user", "assistant")
@@ -158,7 +159,6 @@ def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]
 
 # --- pretraining data: a pre-tokenised uint16 memmap (notebook 04) ----------------------
 
-PRETOKENIZED_META = "meta.json"
 SPLITS = ("train", "val")
 
 
@@ -167,14 +167,14 @@ def _file_fingerprint(path: Path) -> dict:
     return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def pretokenize(
+def tokenize_corpus(
     files: list[str | Path],
     tokenizer_path: str | Path,
     out_dir: str | Path,
     *,
     max_examples: int | None = None,
     val_fraction: float = 0.02,
-    eos_token: str = "<|endoftext|>",
+    eos_token: str = END_OF_TEXT,
     docs_per_batch: int = 512,
     progress: bool = True,
 ) -> Path:
@@ -184,24 +184,24 @@ def pretokenize(
     stream (a 6,400-token vocabulary fits in 2 bytes: half of int32's disk and page cache).
     Every ``round(1 / val_fraction)``-th document goes to the validation stream instead, so
     no document is split between the two. At most ``max_examples`` documents are read.
-    Documents are encoded ``docs_per_batch`` at a time by the Rust tokenizer (all cores).
+    Documents are encoded ``docs_per_batch`` at a time by ``BPETokenizer.encode_batch`` (the HF
+    fast path, all cores) with ``allowed_special="all"``: special-token strings in the text
+    become special ids, as MiniMind's pretraining data (``<|im_start|>``-wrapped) expects.
 
     ``meta.json`` is written last and records the sources, so a second call with the same
     inputs returns at once, and a half-written output is never mistaken for a finished one.
     """
-    from tokenizers import Tokenizer
-
     files, out_dir = [Path(f) for f in files], Path(out_dir)
     if not files:
-        raise ValueError("pretokenize: no input files")
+        raise ValueError("tokenize_corpus: no input files")
     if not 0.0 <= val_fraction < 0.5:
         raise ValueError(f"val_fraction must be in [0, 0.5), got {val_fraction}")
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    eos_id = tok.token_to_id(eos_token)
-    if eos_id is None:
+    tokenizer = BPETokenizer.from_file(tokenizer_path)
+    if eos_token not in tokenizer.vocab:
         raise ValueError(f"{tokenizer_path}: the tokenizer has no {eos_token!r} token")
-    if tok.get_vocab_size() > np.iinfo(np.uint16).max + 1:
-        raise ValueError(f"{tokenizer_path}: vocabulary of {tok.get_vocab_size()} does not fit uint16")
+    eos_id = tokenizer.token_to_id(eos_token)
+    if len(tokenizer) > np.iinfo(np.uint16).max + 1:
+        raise ValueError(f"{tokenizer_path}: vocabulary of {len(tokenizer)} does not fit uint16")
     sources = {"files": [_file_fingerprint(f) for f in files],
                "tokenizer": _file_fingerprint(Path(tokenizer_path)),
                "max_examples": max_examples, "val_fraction": val_fraction, "eos_id": eos_id}
@@ -226,10 +226,10 @@ def pretokenize(
             for record in itertools.islice(records, max_examples):
                 texts.append(record["text"])
                 if len(texts) == docs_per_batch:
-                    n_docs = _write_docs(tok, texts, n_docs, val_every, eos_id, outs, counts)
+                    n_docs = _write_docs(tokenizer, texts, n_docs, val_every, eos_id, outs, counts)
                     bar.update(len(texts))
                     texts = []
-            n_docs = _write_docs(tok, texts, n_docs, val_every, eos_id, outs, counts)
+            n_docs = _write_docs(tokenizer, texts, n_docs, val_every, eos_id, outs, counts)
             bar.update(len(texts))
     except BaseException:  # a bad line or an interrupt: leave no half-written stream behind
         for path in tmp.values():
@@ -237,18 +237,18 @@ def pretokenize(
         raise
     for s in SPLITS:
         os.replace(tmp[s], out_dir / f"{s}.bin")
-    meta = {"dtype": "uint16", "vocab_size": tok.get_vocab_size(), "eos_id": eos_id,
+    meta = {"dtype": "uint16", "vocab_size": len(tokenizer), "eos_id": eos_id,
             "splits": counts, "sources": sources}
     atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
     return out_dir
 
 
-def _write_docs(tok, texts: list[str], n_docs: int, val_every: int, eos_id: int,
-                outs: dict, counts: dict) -> int:
+def _write_docs(tokenizer: BPETokenizer, texts: list[str], n_docs: int, val_every: int,
+                eos_id: int, outs: dict, counts: dict) -> int:
     """Encode a batch of documents and append each (+ eos) to its split's stream."""
-    for enc in tok.encode_batch(texts, add_special_tokens=False):
+    for doc_ids in tokenizer.encode_batch(texts, allowed_special="all"):
         split = "val" if val_every and n_docs % val_every == val_every - 1 else "train"
-        ids = np.asarray(enc.ids + [eos_id], dtype=np.uint16)  # (L + 1,)
+        ids = np.asarray(doc_ids + [eos_id], dtype=np.uint16)  # (L + 1,)
         ids.tofile(outs[split])
         counts[split]["tokens"] += len(ids)
         counts[split]["documents"] += 1
@@ -275,7 +275,7 @@ class PretrainDataset(Dataset):
     def __init__(self, path: str | Path, seq_len: int):
         self.path, self.seq_len = Path(path), seq_len
         if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no such token file (run pretokenize first)")
+            raise FileNotFoundError(f"{self.path}: no such token file (run tokenize_corpus first)")
         n_tokens = self.path.stat().st_size // np.dtype(np.uint16).itemsize
         self.num_windows = (n_tokens - 1) // seq_len
         if self.num_windows <= 0:
@@ -298,39 +298,15 @@ class PretrainDataset(Dataset):
 
 
 def load_pretrain_split(out_dir: str | Path, split: str, seq_len: int) -> PretrainDataset:
-    """The ``split`` ("train" or "val") of a ``pretokenize`` output folder."""
+    """The ``split`` ("train" or "val") of a ``tokenize_corpus`` output folder."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose train or val")
     if not (Path(out_dir) / PRETOKENIZED_META).is_file():
-        raise FileNotFoundError(f"{out_dir}: no {PRETOKENIZED_META} (pretokenize did not finish)")
+        raise FileNotFoundError(f"{out_dir}: no {PRETOKENIZED_META} (tokenize_corpus did not finish)")
     return PretrainDataset(Path(out_dir) / f"{split}.bin", seq_len)
 
 
 # --- SFT: ChatML conversations with answer-only labels (notebook 05) ---------------------
-
-IGNORE_INDEX = -100  # label of a position that gets no loss (F.cross_entropy's ignore_index)
-PAD_TOKEN = "<|endoftext|>"
-END_OF_TURN = "<|im_end|>"
-
-
-def encode_texts(tok: BPETokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """``[tok.encode(t, allowed_special=set()) for t in texts]``, computed by HF ``tokenizers``
-    (Rust, every core) from the same ``tokenizer.json``, which yields identical ids.
-
-    Special-token strings inside the texts stay plain text, as message content does in
-    ``encode_chat``.
-
-    >>> from minimind_lib.tokenizer import load_tokenizer
-    >>> tok = load_tokenizer()
-    >>> encode_texts(tok, ["hi <|im_end|>"]) == [tok.encode("hi <|im_end|>", allowed_special=set())]
-    True
-    """
-    from tokenizers import Tokenizer
-
-    fast = Tokenizer.from_str(json.dumps(tok.to_dict()))
-    fast.encode_special_tokens = True  # special-token strings are text here, never markers
-    return [e.ids for e in fast.encode_batch(list(texts), add_special_tokens=False)]
-
 
 def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
     """The rendered conversation (``apply_chat_template``) as ``(text, is_special, supervised)``
@@ -355,11 +331,11 @@ def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
     in_reply = False
     for k, (text, special) in enumerate(parts):
         if special:
-            segments.append((text, True, in_reply and text == END_OF_TURN))
+            segments.append((text, True, in_reply and text == IM_END))
             in_reply = False
             continue
         role, _, content = text.partition("\n")
-        if k > 0 and parts[k - 1][0] == "<|im_start|>" and role == "assistant":
+        if k > 0 and parts[k - 1][0] == IM_START and role == "assistant":
             # subtle: the role header and the reply are encoded apart, exactly as at inference,
             # where the prompt ends with the generation prompt "assistant\n" and the model
             # writes the reply's tokens after it (joined, BPE could merge across the "\n").
@@ -370,21 +346,21 @@ def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
     return segments
 
 
-def _assemble(tok: BPETokenizer, segments: Sequence[tuple[str, bool, bool]],
-              encoded: Iterator[list[int]], max_length: int) -> tuple[list[int], list[int]]:
+def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]],
+              encoded: Iterator[list[int]], seq_len: int) -> tuple[list[int], list[int]]:
     """Join segment ids (``encoded`` holds the non-special ones, in order) and their labels."""
     ids: list[int] = []
     labels: list[int] = []
     for text, special, supervised in segments:
-        piece = [tok.token_to_id(text)] if special else next(encoded)
+        piece = [tokenizer.token_to_id(text)] if special else next(encoded)
         ids += piece
         labels += piece if supervised else [IGNORE_INDEX] * len(piece)
-    return ids[:max_length], labels[:max_length]
+    return ids[:seq_len], labels[:seq_len]
 
 
-def sft_example(tok: BPETokenizer, messages: Sequence[dict],
-                max_length: int) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of one conversation, cut to ``max_length`` tokens.
+def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict],
+                seq_len: int) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of one conversation, cut to ``seq_len`` tokens.
 
     ``input_ids`` is the ChatML rendering; ``labels`` equals it on the assistant's content
     tokens and the ``<|im_end|>`` closing each assistant turn (every turn of a multi-turn
@@ -393,33 +369,35 @@ def sft_example(tok: BPETokenizer, messages: Sequence[dict],
     and counts such examples.
 
     >>> from minimind_lib.tokenizer import load_tokenizer
-    >>> tok = load_tokenizer()
-    >>> ids, labels = sft_example(tok, [{"role": "user", "content": "Hi"},
+    >>> tokenizer = load_tokenizer()
+    >>> ids, labels = sft_example(tokenizer, [{"role": "user", "content": "Hi"},
     ...                                 {"role": "assistant", "content": "Hello!"}], 64)
-    >>> tok.decode([t for t in labels if t != -100])
+    >>> tokenizer.decode([t for t in labels if t != IGNORE_INDEX])
     'Hello!<|im_end|>'
-    >>> sum(t != -100 for t in sft_example(tok, [{"role": "user", "content": "Hi"},
+    >>> sum(t != IGNORE_INDEX for t in sft_example(tokenizer, [{"role": "user", "content": "Hi"},
     ...                                          {"role": "assistant", "content": "Hello!"}], 8)[1])
     0
     """
-    if max_length <= 0:
-        raise ValueError(f"max_length must be positive, got {max_length}")
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
     segments = sft_segments(messages)
-    encoded = (tok.encode(t, allowed_special=set()) for t, special, _ in segments if not special)
-    return _assemble(tok, segments, encoded, max_length)
+    encoded = (tokenizer.encode(t, allowed_special=set()) for t, special, _ in segments
+               if not special)
+    return _assemble(tokenizer, segments, encoded, seq_len)
 
 
 class SFTDataset(Dataset):
     """Conversations as ``sft_example``s, for ``train(..., collate_fn=dataset.collate)``.
 
     ``answer_only=False`` puts the loss on every token instead (the notebook's ablation);
-    the examples kept are the same either way. Examples whose truncation to ``max_length``
+    the examples kept are the same either way. Examples whose truncation to ``seq_len``
     leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
-    once, in batches through ``encode_texts``; ids live in one flat array.
+    once, in batches through ``BPETokenizer.encode_batch`` (the fast path, identical ids); ids
+    live in one flat array.
 
     >>> from minimind_lib.tokenizer import load_tokenizer
     >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
-    >>> ds = SFTDataset([{"conversations": chat}] * 2, load_tokenizer(), max_length=64,
+    >>> ds = SFTDataset([{"conversations": chat}] * 2, load_tokenizer(), seq_len=64,
     ...                 progress=False)
     >>> batch = ds.collate([ds[0], ds[1]])
     >>> len(ds), ds.skipped, batch["input_ids"].shape == batch["labels"].shape
@@ -428,15 +406,15 @@ class SFTDataset(Dataset):
     ([33, 33], 10)
     """
 
-    def __init__(self, records: Iterable[dict], tok: BPETokenizer, max_length: int, *,
+    def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int, *,
                  answer_only: bool = True, max_examples: int | None = None,
                  chunk_size: int = 2048, progress: bool = True):
-        if max_length <= 0:
-            raise ValueError(f"max_length must be positive, got {max_length}")
-        self.max_length, self.answer_only = max_length, answer_only
-        self.pad_id = tok.token_to_id(PAD_TOKEN)
+        if seq_len <= 0:
+            raise ValueError(f"seq_len must be positive, got {seq_len}")
+        self.seq_len, self.answer_only = seq_len, answer_only
+        self.pad_id = tokenizer.token_to_id(END_OF_TEXT)  # pads are never a target
         # 2 bytes per id when the vocabulary fits (MiniMind's 6,400 does): half of int32
-        id_dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max + 1 else np.int32
+        id_dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
         self.skipped = 0
         ids_parts: list[np.ndarray] = []
         mask_parts: list[np.ndarray] = []
@@ -446,9 +424,9 @@ class SFTDataset(Dataset):
         while chunk := list(itertools.islice(records, chunk_size)):
             all_segments = [sft_segments(r["conversations"]) for r in chunk]
             texts = [t for segs in all_segments for t, special, _ in segs if not special]
-            encoded = iter(encode_texts(tok, texts))
+            encoded = iter(tokenizer.encode_batch(texts, allowed_special=set()))
             for segments in all_segments:
-                ids, labels = _assemble(tok, segments, encoded, max_length)
+                ids, labels = _assemble(tokenizer, segments, encoded, seq_len)
                 supervised = np.asarray(labels) != IGNORE_INDEX  # (L,)
                 if not supervised.any():
                     self.skipped += 1
@@ -459,8 +437,8 @@ class SFTDataset(Dataset):
             bar.update(len(chunk))
         bar.close()
         if not lengths:
-            raise ValueError(f"no SFT example has a supervised token within max_length "
-                             f"{max_length} ({self.skipped} skipped); raise max_length (seq_len)")
+            raise ValueError(f"no SFT example has a supervised token within seq_len "
+                             f"{seq_len} ({self.skipped} skipped); raise seq_len")
         self._ids = np.concatenate(ids_parts)  # (total tokens,)
         self._supervised = np.concatenate(mask_parts)  # (total tokens,)
         self._offsets = np.concatenate([[0], np.cumsum(lengths)])  # (N + 1,)

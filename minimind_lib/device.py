@@ -7,8 +7,8 @@ The rule, in one place:
   else fp16 autocast *with* a ``GradScaler`` (fp16's narrow exponent range makes small
   gradients underflow to zero unless the loss is scaled up first, notebook 04);
 * precision on CPU: bf16 autocast where the CPU has native bf16 instructions
-  (AVX512-BF16 or AMX; measured 2.1x faster than fp32 on a 4.6M model here,
-  9.8k vs 4.7k tokens/s), else plain fp32 (emulated bf16 is slower than fp32);
+  (AVX512-BF16 or AMX; ``benchmarks/train_bench.py`` measures how much faster it is on your
+  machine, docs/benchmarks.md records ours), else plain fp32 (emulated bf16 is slower);
 * precision on MPS: fp32 (autocast support there is partial and version dependent).
 
 bf16 keeps fp32's exponent range, so it never needs a scaler.

@@ -18,7 +18,8 @@ The pieces, one function each:
    (``minimind_lib.data.sft_example``), chosen and rejected stacked into one batch;
 4. ``DPOLoss``: the loss function the training engine (``minimind_lib.train.train``) calls,
    against a frozen reference model or reference log-probs computed once beforehand;
-5. ``train_dpo`` and the pipeline stage ``dpo`` (``python -m minimind_lib dpo``).
+5. ``train_dpo``, and the held-out evaluation; the ``dpo`` stage (``minimind_lib.stages``,
+   ``python -m minimind_lib dpo``) runs them on the SFT model.
 
 >>> loss, chosen, rejected = dpo_loss(torch.tensor([-5.0]), torch.tensor([-9.0]),
 ...                                   torch.tensor([-6.0]), torch.tensor([-8.0]), beta=0.1)
@@ -37,48 +38,43 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from minimind_lib.checkpoint import atomic_write_text, load_model, save_model
-from minimind_lib.data import (
-    IGNORE_INDEX,
-    PAD_TOKEN,
-    dataset_files,
-    pad_sft_batch,
-    read_jsonl,
-    sft_example,
-)
+from minimind_lib.data import pad_sft_batch, read_jsonl, sft_example
 from minimind_lib.device import Precision, pick_device, pick_precision
 from minimind_lib.evaluate import (
+    ModelEval,
     PreferenceScores,
     eval_files,
-    format_preference_table,
+    preference_table,
+    read_eval,
     score_preferences,
     select_per_task,
-    summarize,
-    summarize_preferences,
 )
-from minimind_lib.model import MiniMindForCausalLM
-from minimind_lib.sft import (
-    EVAL_FILE,
-    TOKENIZER_FILE,
-    ModelEval,
-    eval_report,
-    evaluate_model,
-    read_eval,
-)
-from minimind_lib.tokenizer import BPETokenizer
-from minimind_lib.train import METRICS_FILE, TrainConfig, train
-
-if TYPE_CHECKING:
-    from minimind_lib.pipeline import StageContext
+from minimind_lib.files import EVAL_FILE
+from minimind_lib.model import IGNORE_INDEX, MiniMindForCausalLM
+from minimind_lib.tokenizer import END_OF_TEXT, BPETokenizer
+from minimind_lib.train import TrainConfig, TrainSettings, train
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DPOSettings(TrainSettings):
+    """A DPO run's hyper-parameters: the training ones, plus ``beta``, the strength of the KL
+    anchor to the reference (eq. 3's beta: larger keeps the policy closer to it)."""
+
+    beta: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta <= 0:
+            raise ValueError(f"DPOSettings.beta must be positive, got {self.beta}")
 
 
 # --- 1. log pi(y|x) --------------------------------------------------------------------
@@ -195,26 +191,27 @@ class DPODataset(Dataset):
     to the last (assistant) one: the same prompt ``x``, two answers. Item ``i`` holds both
     sequences and their labels (-100 everywhere but the answer content and its ``<|im_end|>``),
     plus ``ref_logps`` (2,) once reference log-probs are attached (``set_reference``).
-    Pairs whose answer is cut off entirely by ``max_length`` are dropped (counted in
+    Pairs whose answer is cut off entirely by ``seq_len`` are dropped (counted in
     ``dropped``): with no answer token left there is nothing to prefer.
     ``tasks`` / ``families`` keep each pair's ``"task"`` / ``"family"`` (None when absent).
     """
 
-    def __init__(self, records: Iterable[dict], tok: BPETokenizer, max_length: int, source: str = "records"):
+    def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int,
+                 source: str = "records"):
         self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
         self.tasks: list[str | None] = []
         self.families: list[str | None] = []
         self.dropped = 0
-        self.pad_id = tok.token_to_id(PAD_TOKEN)
+        self.pad_id = tokenizer.token_to_id(END_OF_TEXT)
         for n, record in enumerate(records, start=1):
             chosen, rejected = record["chosen"], record["rejected"]
             if chosen[:-1] != rejected[:-1]:
                 raise ValueError(f"{source}: record {n}: 'chosen' and 'rejected' must share the "
                                  "prompt (every message but the last assistant answer)")
             c_ids, c_labels = (torch.as_tensor(t, dtype=torch.long)
-                               for t in sft_example(tok, chosen, max_length))
+                               for t in sft_example(tokenizer, chosen, seq_len))
             r_ids, r_labels = (torch.as_tensor(t, dtype=torch.long)
-                               for t in sft_example(tok, rejected, max_length))
+                               for t in sft_example(tokenizer, rejected, seq_len))
             if not ((c_labels[1:] != IGNORE_INDEX).any() and (r_labels[1:] != IGNORE_INDEX).any()):
                 self.dropped += 1
                 continue
@@ -222,12 +219,12 @@ class DPODataset(Dataset):
             self.tasks.append(record.get("task"))
             self.families.append(record.get("family"))
         if not self.pairs:
-            raise ValueError(f"{source}: no usable preference pair (max_length={max_length}, "
+            raise ValueError(f"{source}: no usable preference pair (seq_len={seq_len}, "
                              f"{self.dropped} pairs had their answers cut off)")
         self.ref_logps: Tensor | None = None  # (N, 2): reference log pi of chosen, rejected
 
     @classmethod
-    def from_files(cls, paths: Sequence[str | Path], tok: BPETokenizer, max_length: int, *,
+    def from_files(cls, paths: Sequence[str | Path], tokenizer: BPETokenizer, seq_len: int, *,
                    max_examples: int | None = None, sample: int | None = None,
                    seed: int = 0) -> DPODataset:
         """The first ``max_examples`` pairs (None: all) of DPO jsonl ``paths``, validated; with
@@ -236,7 +233,7 @@ class DPODataset(Dataset):
             itertools.chain.from_iterable(read_jsonl(p, "dpo") for p in paths), max_examples)
         if sample is not None:
             records = reservoir_sample(records, sample, seed)
-        return cls(records, tok, max_length, source=", ".join(str(p) for p in paths))
+        return cls(records, tokenizer, seq_len, source=", ".join(str(p) for p in paths))
 
     def set_reference(self, ref_logps: Tensor) -> None:
         """Attach reference log-probs (N, 2) (``pair_logprobs(reference, self)``): batches then
@@ -404,27 +401,33 @@ def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
 
 
-# --- 5. the pipeline stage -------------------------------------------------------------
+# --- 5. held-out evaluation ------------------------------------------------------------
 
 
-def held_out_pairs(tok: BPETokenizer, max_length: int, per_task: int | None = None) -> DPODataset:
+def held_out_pairs(tokenizer: BPETokenizer, seq_len: int,
+                   per_task: int | None = None) -> DPODataset:
     """The held-out preference pairs (``data/eval/dpo_eval*.jsonl``): the first ``per_task``
     of every task. No held-out prompt occurs in any training file."""
     records = [r for path in eval_files("dpo") for r in read_jsonl(path, "dpo")]
-    return DPODataset(select_per_task(records, per_task), tok, max_length,
+    return DPODataset(select_per_task(records, per_task), tokenizer, seq_len,
                       source="held-out DPO pairs")
 
 
 @dataclass
 class PreferenceEval:
     """Held-out preference accuracy of the SFT model (log-prob) and the DPO model (log-prob and
-    implicit reward), and both models' exact-match / format rate (``sft.ModelEval``)."""
+    implicit reward), and both models' exact-match / format rate (``evaluate.ModelEval``)."""
 
     sft: dict[str, PreferenceScores]
     dpo: dict[str, PreferenceScores]
 
     def table(self) -> str:
-        return format_preference_table({"SFT": self.sft, "DPO": self.dpo})
+        return preference_table({"SFT": self.sft, "DPO": self.dpo})
+
+    def to_dict(self) -> dict:
+        """What the dpo stage writes under ``eval.json``'s ``"preference"``."""
+        return {name: {k: asdict(v) for k, v in res.items()}
+                for name, res in (("sft", self.sft), ("dpo", self.dpo))}
 
 
 def evaluate_preferences(policy: nn.Module, pairs: DPODataset, reference_logps: Tensor, *,
@@ -444,56 +447,4 @@ def read_dpo_eval(stage_dir: str | Path) -> tuple[PreferenceEval, dict[str, Mode
     data = json.loads(path.read_text(encoding="utf-8"))
     prefs = {name: {k: PreferenceScores(**v) for k, v in res.items()}
              for name, res in data["preference"].items()}
-    return (PreferenceEval(prefs["sft"], prefs["dpo"]),
-            {name: ModelEval.from_dict(d) for name, d in data["models"].items()})
-
-
-def dpo_stage(ctx: StageContext) -> dict:
-    """The ``dpo`` stage: ``ctx.dir("sft")`` → DPO-aligned model in ``ctx.out_dir``
-    (model.safetensors, config.json, metrics.jsonl, eval.json) with ``profile.dpo``.
-
-    Pairs: ``dataset_files("dpo")`` (MiniMind's ``dpo.jsonl`` when ``$MINIMIND_DATA_DIR`` is
-    set); the reference is the SFT model, its log-probs precomputed. Prints the held-out
-    before/after tables: preference accuracy, then exact-match and format rate.
-    """
-    profile, settings = ctx.profile, ctx.profile.dpo
-    tok = BPETokenizer.from_file(ctx.dir("tokenizer") / TOKENIZER_FILE)
-    policy = load_model(ctx.dir("sft"))
-    # subtle: a run visits max_steps x batch pairs. Keep a seeded uniform sample of that many
-    # instead of tokenising and scoring every pair of a big file (MiniMind's dpo.jsonl: ~200k
-    # pairs; the full profile visits 8,000): the same distribution, a fraction of the work
-    visited = settings.max_steps * settings.batch_size * settings.accumulation_steps
-    train_set = DPODataset.from_files(dataset_files("dpo"), tok, settings.seq_len,
-                                      max_examples=settings.max_examples, sample=visited,
-                                      seed=profile.seed)
-    held_out = held_out_pairs(tok, settings.seq_len, profile.eval_per_task)
-    sft_eval = read_eval(ctx.dir("sft")).get("sft") if (ctx.dir("sft") / EVAL_FILE).is_file() else None
-    if sft_eval is None:
-        sft_eval = evaluate_model(policy, tok, profile, progress=ctx.progress)
-
-    config = TrainConfig.from_stage(settings, out_dir=ctx.out_dir, precision=ctx.precision,
-                                    device=ctx.device, seed=profile.seed, progress=ctx.progress)
-    rows = train_dpo(policy, train_set, config, beta=settings.beta, eval_set=held_out,
-                     resume=ctx.resume, callbacks=ctx.callbacks)
-    prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
-                                 device=ctx.device)
-    policy = policy.cpu()
-    save_model(policy, ctx.out_dir)
-    dpo_eval = evaluate_model(policy, tok, profile, progress=ctx.progress)
-    atomic_write_text(ctx.out_dir / EVAL_FILE, json.dumps({
-        "per_task": profile.eval_per_task, "beta": settings.beta,
-        "preference": {name: {k: asdict(v) for k, v in res.items()}
-                       for name, res in (("sft", prefs.sft), ("dpo", prefs.dpo))},
-        "models": {"sft": sft_eval.to_dict(), "dpo": dpo_eval.to_dict()}}, indent=2) + "\n")
-    print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
-          + eval_report({"sft": sft_eval, "dpo": dpo_eval}))
-    last, before, after = rows[-1] if rows else {}, summarize_preferences(prefs.sft)["all"], \
-        summarize_preferences(prefs.dpo)["all"]
-    return {"steps": settings.max_steps, "pairs": len(train_set), "dropped": train_set.dropped,
-            "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
-            "metrics": METRICS_FILE, "eval": EVAL_FILE,
-            "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
-                                    "dpo_logprob": after.logprob_accuracy,
-                                    "dpo_reward": after.reward_accuracy},
-            "exact_match": {name: summarize(e.tasks)["all"].exact_match
-                            for name, e in (("sft", sft_eval), ("dpo", dpo_eval))}}
+    return PreferenceEval(prefs["sft"], prefs["dpo"]), read_eval(stage_dir)

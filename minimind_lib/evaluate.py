@@ -23,10 +23,11 @@ Two kinds of measurement, both on data the model never trained on (``data/eval/`
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -35,13 +36,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from minimind_lib import DATA_DIR
-from minimind_lib.data import DataFormatError, encode_texts, read_jsonl
-from minimind_lib.tokenizer import SPECIAL_TOKENS, BPETokenizer, encode_chat
+from minimind_lib.data import DataFormatError, read_jsonl
+from minimind_lib.files import EVAL_FILE
+from minimind_lib.tokenizer import END_OF_TEXT, IM_END, SPECIAL_TOKENS, BPETokenizer, encode_chat
 
 EVAL_DIR = DATA_DIR / "eval"
-END_OF_TURN = "<|im_end|>"
-END_OF_TEXT = "<|endoftext|>"
-FAMILIES = ("skill", "knowledge")
 
 
 # --- held-out files ----------------------------------------------------------------------
@@ -147,7 +146,8 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
     else:
         texts = list(texts_or_path)
     eos = tokenizer.token_to_id(END_OF_TEXT)
-    stream = [i for ids in encode_texts(tokenizer, texts) for i in ids + [eos]][:max_tokens]
+    encoded = tokenizer.encode_batch(texts, allowed_special=set())
+    stream = [i for ids in encoded for i in ids + [eos]][:max_tokens]
     if len(stream) < 2:
         raise ValueError("perplexity needs at least 2 tokens of text")
     tokens = torch.tensor(stream)  # (N,)
@@ -205,7 +205,7 @@ def generate_answers(model: nn.Module, tokenizer: BPETokenizer,
     """
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    end_turn, end_text = tokenizer.token_to_id(END_OF_TURN), tokenizer.token_to_id(END_OF_TEXT)
+    end_turn, end_text = tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT)
     prompts = [encode_chat(tokenizer, _as_messages(q), add_generation_prompt=True) for q in questions]
     by_length: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(prompts):
@@ -335,7 +335,7 @@ def evaluate_sft(model: nn.Module, tokenizer: BPETokenizer, eval_records: Sequen
     """Exact-match, format rate and char-F1 per task on the first ``per_task`` held-out
     questions of each task (``load_eval_records()``), answered greedily through the chat
     template with ``max_new_tokens`` (default: ``answer_budget`` of those questions).
-    ``summarize`` pools the tasks; ``format_table`` prints them."""
+    ``summarize`` pools the tasks; ``question_table`` prints them."""
     chosen = select_per_task(eval_records, per_task)
     budget = max_new_tokens or answer_budget(tokenizer, chosen)
     answers = generate_answers(model, tokenizer, [prompt_messages(r) for r in chosen], budget,
@@ -346,13 +346,13 @@ def evaluate_sft(model: nn.Module, tokenizer: BPETokenizer, eval_records: Sequen
 METRICS = {"exact_match": "exact-match", "format_rate": "format", "char_f1": "char-F1"}
 
 
-def format_table(results: Mapping[str, Mapping[str, TaskScores]],
+def question_table(results: Mapping[str, Mapping[str, TaskScores]],
                  metrics: Sequence[str] = tuple(METRICS)) -> str:
     """A markdown table comparing models: one row per task (then per family and "all"), one
     column per (metric, model). ``results`` maps a model name to its ``evaluate_sft`` output.
 
     >>> r = {"t": TaskScores("t", "skill", 4, 0.25, 1.0, 0.5)}
-    >>> print(format_table({"before": r, "after": r}, metrics=["exact_match"]))
+    >>> print(question_table({"before": r, "after": r}, metrics=["exact_match"]))
     | task | family | n | exact-match before | exact-match after |
     |---|---|---:|---:|---:|
     | t | skill | 4 | 25.0% | 25.0% |
@@ -373,6 +373,53 @@ def format_table(results: Mapping[str, Mapping[str, TaskScores]],
                       for name in names]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# --- one model's held-out record (what the stages write to eval.json) ----------------------
+
+
+@dataclass
+class ModelEval:
+    """One model's held-out scores: per-task question scores and text perplexity."""
+
+    tasks: dict[str, TaskScores]
+    perplexity: float
+
+    def to_dict(self) -> dict:
+        return {"perplexity": self.perplexity, "tasks": {k: asdict(v) for k, v in self.tasks.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelEval:
+        return cls({k: TaskScores(**v) for k, v in d["tasks"].items()}, d["perplexity"])
+
+
+def evaluate_model(model: nn.Module, tokenizer: BPETokenizer, *, per_task: int | None,
+                   seq_len: int, progress: bool = True) -> ModelEval:
+    """``evaluate_sft`` on the first ``per_task`` held-out questions of every task, and the
+    perplexity of the held-out pretraining text (``data/eval/pretrain_eval.jsonl``) in windows
+    of ``seq_len`` tokens: the before/after record of the sft, dpo (and later) stages."""
+    questions = select_per_task(load_eval_records(), per_task)
+    tasks = evaluate_sft(model, tokenizer, questions,
+                         max_new_tokens=answer_budget(tokenizer, questions), progress=progress)
+    ppl = perplexity(model, tokenizer, eval_files("pretrain")[0], seq_len, progress=progress)
+    return ModelEval(tasks, ppl)
+
+
+def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
+    """The models' held-out records in a stage folder's ``eval.json``, by name (the sft stage:
+    {"pretrain": ..., "sft": ...}; dpo: {"sft": ..., "dpo": ...}; quantize: one per format)."""
+    path = Path(stage_dir) / EVAL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (has the stage run?)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return {name: ModelEval.from_dict(d) for name, d in data["models"].items()}
+
+
+def eval_report(evals: Mapping[str, ModelEval]) -> str:
+    """The question table (per task, per model) and a perplexity line, in markdown."""
+    ppl = ", ".join(f"{name} {e.perplexity:.1f}" for name, e in evals.items())
+    return (question_table({name: e.tasks for name, e in evals.items()})
+            + f"\n\nheld-out text perplexity: {ppl}")
 
 
 # --- preference accuracy (notebook 06) ---------------------------------------------------
@@ -455,14 +502,14 @@ def summarize_preferences(results: Mapping[str, PreferenceScores]) -> dict[str, 
     return out
 
 
-def format_preference_table(results: Mapping[str, Mapping[str, PreferenceScores]]) -> str:
+def preference_table(results: Mapping[str, Mapping[str, PreferenceScores]]) -> str:
     """A markdown table comparing models' preference accuracy, per task, family and "all":
     one log-prob accuracy column per model, then an implicit-reward column per model that has
     a reference. ``results`` maps a model name to its ``score_preferences`` output.
 
     >>> r = {"t": PreferenceScores("t", "skill", 4, 0.5, None)}
     >>> d = {"t": PreferenceScores("t", "skill", 4, 0.75, 1.0)}
-    >>> print(format_preference_table({"SFT": r, "DPO": d}))
+    >>> print(preference_table({"SFT": r, "DPO": d}))
     | task | family | n | log-prob acc. SFT | log-prob acc. DPO | reward acc. DPO |
     |---|---|---:|---:|---:|---:|
     | t | skill | 4 | 50.0% | 75.0% | 100.0% |

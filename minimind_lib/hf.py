@@ -31,11 +31,18 @@ from pathlib import Path
 
 import torch
 
-from minimind_lib import DATA_DIR
+from minimind_lib.files import CONFIG_FILE
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.tokenizer import (
+    COURSE_TOKENIZER_DIR,
+    END_OF_TEXT,
+    IM_END,
+    IM_START,
+    SPECIAL_TOKENS,
+)
 
-#: Token ids of ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` (minimind_lib.tokenizer).
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+#: Token ids of the pad, bos and eos tokens (the specials' fixed ids, minimind_lib.tokenizer).
+PAD_ID, BOS_ID, EOS_ID = (SPECIAL_TOKENS.index(t) for t in (END_OF_TEXT, IM_START, IM_END))
 #: Copied from the tokenizer folder by ``save_pretrained`` (the first two are required).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -124,7 +131,7 @@ def from_hf(hf_model) -> MiniMindForCausalLM:
 def save_pretrained(
     model: MiniMindForCausalLM,
     directory: str | os.PathLike,
-    tokenizer_dir: str | os.PathLike | None = DATA_DIR / "tokenizer",
+    tokenizer_dir: str | os.PathLike | None = COURSE_TOKENIZER_DIR,
 ) -> Path:
     """Write a Hugging Face folder: config.json, model.safetensors, generation_config.json,
     and (unless ``tokenizer_dir`` is None) the tokenizer files of ``tokenizer_dir``.
@@ -152,8 +159,8 @@ def from_pretrained(directory: str | os.PathLike) -> MiniMindForCausalLM:
     from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"{directory / 'config.json'} not found: not a model folder")
+    if not (directory / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{directory / CONFIG_FILE} not found: not a model folder")
     hf_model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
                                                     dtype=torch.float32)
     return from_hf(hf_model)

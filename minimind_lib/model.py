@@ -16,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+#: The label of a position that gets no loss (``F.cross_entropy``'s ``ignore_index``): prompts
+#: and padding in SFT/DPO batches, the last position of every sequence in ``causal_lm_loss``.
+IGNORE_INDEX = -100
+
 
 @dataclass
 class MiniMindConfig:
@@ -528,7 +532,8 @@ def attention_maps(model: MiniMindForCausalLM, input_ids: Tensor) -> Tensor:
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy of predicting token t+1 from position t; labels -100 are ignored.
+    """Mean cross-entropy of predicting token t+1 from position t; ``IGNORE_INDEX`` (-100)
+    labels are ignored.
 
     ``logits`` (B, T, V), ``labels`` (B, T) aligned with the inputs.  Computed in fp32.
 
@@ -541,9 +546,9 @@ def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
                          f"{tuple(logits.shape[:2])}")
     # subtle: shift the labels, not the logits: slicing logits[:, :-1] would copy the
     # (B, T, V) tensor forward and backward (measured ~10% of a CPU training step)
-    targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): token t+1; the last: none
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T): token t+1; last: none
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()  # (B*T, V)
-    return F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=-100)
+    return F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
 def sample_next_token(

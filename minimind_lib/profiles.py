@@ -21,71 +21,39 @@ ValueError: unknown profile 'tiny'; valid profiles: smoke, cpu, full, auto
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from minimind_lib import DATA_DIR, REPO_ROOT
+from minimind_lib import REPO_ROOT
+from minimind_lib.dpo import DPOSettings
 from minimind_lib.model import MiniMindConfig
+from minimind_lib.train import TrainSettings
 
 PROFILE_NAMES = ("smoke", "cpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
 
 
 @dataclass(frozen=True)
-class StageSettings:
-    """Training settings of one stage (pretrain, sft or dpo) in one profile.
-
-    An optimizer step sees ``batch_size * accumulation_steps`` sequences of
-    ``seq_len`` tokens.  ``max_steps`` counts optimizer steps; ``max_examples``
-    caps how many examples (documents / conversations / pairs) are read (None = all).
-    """
-
-    batch_size: int
-    seq_len: int
-    learning_rate: float
-    max_steps: int
-    accumulation_steps: int = 1
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 50
-    save_every: int = 200
-    max_examples: int | None = None
-    beta: float = 0.1  # DPO only: strength of the KL anchor to the reference
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.accumulation_steps * self.seq_len
-
-
-@dataclass(frozen=True)
 class Profile:
-    """Everything that differs between CI, a laptop and a GPU."""
+    """Everything that differs between CI, a laptop and a GPU: the model, and the
+    hyper-parameters of each training stage (``train.TrainSettings``; DPO's add ``beta``)."""
 
     name: str
     description: str
     model: MiniMindConfig
-    pretrain: StageSettings
-    sft: StageSettings
-    dpo: StageSettings
+    pretrain: TrainSettings
+    sft: TrainSettings
+    dpo: DPOSettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     seed: int = 42
-    extra: dict = field(default_factory=dict)
 
     @property
     def runs_dir(self) -> Path:
         """Where stages write their outputs: ``runs/<profile>`` (or ``$MINIMIND_RUNS_DIR/<profile>``)."""
         root = os.environ.get("MINIMIND_RUNS_DIR")
         return (Path(root) if root else REPO_ROOT / "runs") / self.name
-
-    def stage(self, name: str) -> StageSettings:
-        """The settings of stage ``name`` ("pretrain", "sft" or "dpo")."""
-        if name not in ("pretrain", "sft", "dpo"):
-            raise ValueError(f"unknown training stage {name!r}; choose pretrain, sft or dpo")
-        return getattr(self, name)
 
 
 def _smoke() -> Profile:
@@ -94,14 +62,14 @@ def _smoke() -> Profile:
         description="CI / nbval: tiny model, each notebook ~1 min on 2 CPU cores",
         model=MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, max_position_embeddings=2048),
-        pretrain=StageSettings(batch_size=8, seq_len=128, learning_rate=3e-3, max_steps=80,
+        pretrain=TrainSettings(batch_size=8, seq_len=128, learning_rate=3e-3, max_steps=80,
                                warmup_steps=5, eval_every=20, save_every=40, max_examples=3000),
-        sft=StageSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
+        sft=TrainSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
                           warmup_steps=5, eval_every=20, save_every=40, max_examples=4000),
         # measured: lr 5e-4 x 30 steps left held-out preference accuracy flat (-0.8..-0.4
         # points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over three seeds
-        dpo=StageSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
-                          warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
+        dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
+                        warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
         eval_per_task=20,
     )
 
@@ -114,12 +82,12 @@ def _cpu() -> Profile:
                              num_key_value_heads=2, max_position_embeddings=4096),
         # 1,200 steps x 4,096 tokens ~ 4.9M tokens ~ 5 passes over the bundled ~1M-token
         # sample: past that, validation loss flattens and the minutes are worth more in SFT.
-        pretrain=StageSettings(batch_size=16, seq_len=256, learning_rate=2e-3, max_steps=1200,
+        pretrain=TrainSettings(batch_size=16, seq_len=256, learning_rate=2e-3, max_steps=1200,
                                warmup_steps=50, eval_every=100, save_every=400),
-        sft=StageSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
+        sft=TrainSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
                           warmup_steps=50, eval_every=200, save_every=400),
-        dpo=StageSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
-                          warmup_steps=20, eval_every=50, save_every=200),
+        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
+                        warmup_steps=20, eval_every=50, save_every=200),
         eval_per_task=100,
     )
 
@@ -132,13 +100,13 @@ def _full() -> Profile:
         name="full",
         description="GPU: MiniMind2-Small (25.8M params), MiniMind's Zero recipe",
         model=MiniMindConfig(),
-        pretrain=StageSettings(batch_size=32, seq_len=512, learning_rate=5e-4, max_steps=5000,
+        pretrain=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, max_steps=5000,
                                accumulation_steps=8, warmup_steps=100, eval_every=250,
                                save_every=500),
-        sft=StageSettings(batch_size=32, seq_len=512, learning_rate=5e-5, max_steps=5000,
+        sft=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-5, max_steps=5000,
                           warmup_steps=100, eval_every=250, save_every=500),
-        dpo=StageSettings(batch_size=8, seq_len=512, learning_rate=1e-6, max_steps=1000,
-                          warmup_steps=50, eval_every=100, save_every=500),
+        dpo=DPOSettings(batch_size=8, seq_len=512, learning_rate=1e-6, max_steps=1000,
+                        warmup_steps=50, eval_every=100, save_every=500),
         eval_per_task=200,
     )
 
@@ -164,7 +132,3 @@ def get_profile(name: str | None = None, **overrides) -> Profile:
     profile = _BUILDERS[resolve_profile_name(name)]()
     return replace(profile, **overrides) if overrides else profile
 
-
-def data_dir() -> Path:
-    """The bundled ``data/`` folder."""
-    return DATA_DIR

@@ -23,58 +23,15 @@ True
 from __future__ import annotations
 
 import copy
-import itertools
-import json
-import math
-import os
-import shutil
-import statistics
-import time
 import warnings
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minimind_lib.checkpoint import (
-    QUANT_FILE,
-    WEIGHTS_FILE,
-    atomic_write_text,
-    load_model,
-    load_weights,
-    read_config,
-    save_model,
-)
-from minimind_lib.data import encode_texts, read_jsonl
-from minimind_lib.device import pick_device
-from minimind_lib.evaluate import (
-    answer_budget,
-    eval_files,
-    evaluate_sft,
-    load_eval_records,
-    perplexity,
-    select_per_task,
-    summarize,
-)
-from minimind_lib.model import MiniMindForCausalLM
-from minimind_lib.sft import ModelEval
-from minimind_lib.tokenizer import BPETokenizer
-from minimind_lib.train import METRICS_FILE
-
-if TYPE_CHECKING:
-    from minimind_lib.pipeline import StageContext
-    from minimind_lib.profiles import Profile
-
 QMAX = 127  # symmetric int8: -128 is never used, so +x and -x round to +q and -q
 FORMAT = "int8-weight-only-per-channel"
-SOURCE_STAGE = "dpo"  # the quantize stage shrinks the most trained model
-TOKENIZER_FILE = "tokenizer.json"
-EVAL_FILE = "eval.json"
-TABLE_FILE = "formats.md"
 
 
 # --------------------------------------------------------------------------- absmax, from scratch
@@ -279,6 +236,27 @@ def quantized_groups(model: nn.Module) -> list[list[str]]:
     return list(groups.values())
 
 
+def install_int8_layers(model: nn.Module, groups: list[list[str]], source: str = "groups") -> None:
+    """Replace the modules named in ``groups`` (lists of names sharing one weight, as
+    ``quantized_groups`` returns them) by int8 modules of the same shapes, with zero weights:
+    how ``checkpoint.load_model`` rebuilds an int8 folder before loading its tensors strictly.
+    ``source`` names where ``groups`` came from, for the error message.
+
+    >>> m = nn.Sequential(nn.Linear(4, 2))
+    >>> install_int8_layers(m, [["0"]])
+    >>> type(m[0]).__name__, m[0].weight.dtype
+    ('QuantLinear', torch.int8)
+    """
+    modules = dict(model.named_modules(remove_duplicate=False))
+    bad = [n for g in groups for n in g if not isinstance(modules.get(n), (nn.Linear, nn.Embedding))]
+    if bad or not groups:
+        raise ValueError(f"{source}: 'groups' must name Linear/Embedding modules of the "
+                         f"model; these are not: {bad}")
+    for names in groups:
+        q, scale = absmax_quantize(torch.zeros_like(modules[names[0]].weight))
+        _install_group(model, names, q, scale)
+
+
 # --------------------------------------------------------------------------- sizes
 
 
@@ -322,54 +300,6 @@ def model_size_bytes(model: nn.Module) -> int:
     for value in model.state_dict().values():
         visit(value)
     return total
-
-
-# --------------------------------------------------------------------------- save / load
-
-
-def save_quantized(model: MiniMindForCausalLM, directory: str | os.PathLike) -> Path:
-    """Write an int8 model to ``directory``: a ``checkpoint.save_model`` folder
-    (``model.safetensors`` with int8 weights + fp32 scales, ``config.json``) plus
-    ``quantization.json`` (the format and the int8 module groups), each file atomic.
-    """
-    groups = quantized_groups(model)
-    if not groups:
-        raise ValueError("save_quantized: the model has no int8 layers; "
-                         "call quantize_int8(model) first (or use checkpoint.save_model)")
-    directory = save_model(model, directory)
-    # written last: a folder without it is read as a plain one, which then fails strictly
-    atomic_write_text(directory / QUANT_FILE,
-                      json.dumps({"format": FORMAT, "groups": groups}, indent=2) + "\n")
-    return directory
-
-
-def is_quantized_checkpoint(directory: str | os.PathLike) -> bool:
-    """True when ``directory`` holds a ``save_quantized`` checkpoint."""
-    return (Path(directory) / QUANT_FILE).is_file()
-
-
-def load_quantized(directory: str | os.PathLike,
-                   device: str | torch.device = "cpu") -> MiniMindForCausalLM:
-    """Inverse of ``save_quantized``; strict: a missing, extra or mis-shaped tensor is an error."""
-    directory = Path(directory)
-    meta_path = directory / QUANT_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: no such file ({directory} is not an int8 folder)")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    model = MiniMindForCausalLM(read_config(directory))
-    modules = dict(model.named_modules(remove_duplicate=False))
-    groups = meta.get("groups") or []
-    bad = [n for g in groups for n in g if not isinstance(modules.get(n), (nn.Linear, nn.Embedding))]
-    if bad or not groups:
-        raise ValueError(f"{meta_path}: 'groups' must name Linear/Embedding modules of the "
-                         f"model; these are not: {bad}")
-    for names in groups:  # empty int8 modules of the right shapes; the weights come next
-        q, scale = absmax_quantize(torch.zeros_like(modules[names[0]].weight))
-        _install_group(model, names, q, scale)
-    load_weights(model, directory / WEIGHTS_FILE, device=device)
-    return model.to(device).eval()
 
 
 # --------------------------------------------------------------------------- other formats
@@ -419,230 +349,3 @@ def quantize_dynamic_torch(model: nn.Module, skip: Iterable[str] = ()) -> nn.Mod
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*")
         return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=False)
-
-
-# --------------------------------------------------------------------------- comparison
-
-
-@dataclass
-class Speed:
-    """Generation speed: prefill tokens/s (prompt processed in one pass) and decode tokens/s
-    (one new token per step with the KV cache)."""
-
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
-
-
-def measure_speed(
-    models: dict[str, nn.Module],
-    prompt_ids: Tensor,
-    new_tokens: int = 32,
-    repeats: int = 3,
-) -> dict[str, Speed]:
-    """Time prefill and decode of each model on ``prompt_ids`` (B, T), interleaved.
-
-    Each repeat runs every model once, round robin, so background load hits all of them alike;
-    the median over repeats is reported.  Decoding is greedy through ``model.stream`` and runs
-    all ``new_tokens`` steps (no early stop).
-    """
-    for model in models.values():  # warm-up: kernels, allocators, the first KV cache
-        _time_generation(model, prompt_ids, 2)
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
-    for _ in range(repeats):
-        for name, model in models.items():
-            times[name].append(_time_generation(model, prompt_ids, new_tokens))
-    speeds = {}
-    for name, runs in times.items():
-        prefill = statistics.median(r[0] for r in runs)
-        decode = statistics.median(r[1] for r in runs)
-        speeds[name] = Speed(prompt_ids.numel() / prefill,
-                             prompt_ids.shape[0] * (new_tokens - 1) / decode)
-    return speeds
-
-
-@torch.inference_mode()
-def _time_generation(model: nn.Module, prompt_ids: Tensor, new_tokens: int) -> tuple[float, float]:
-    if new_tokens < 2:
-        raise ValueError(f"new_tokens must be >= 2 to time decoding, got {new_tokens}")
-    steps = model.stream(prompt_ids, new_tokens, temperature=0)
-    start = time.perf_counter()
-    next(steps)  # the prefill: the whole prompt in one forward pass, then the first token
-    prefill = time.perf_counter() - start
-    start = time.perf_counter()
-    for _ in steps:
-        pass
-    return prefill, time.perf_counter() - start
-
-
-@dataclass
-class FormatRow:
-    """One line of notebook 07's table."""
-
-    name: str
-    size_bytes: int
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    note: str = ""
-
-
-def build_formats(
-    model: MiniMindForCausalLM, device: torch.device | str = "cpu"
-) -> tuple[dict[str, nn.Module], dict[str, str]]:
-    """The model in every format of the table: fp32 (``model`` itself, moved to ``device``),
-    fp16, bf16, int8 (ours), int8 (PyTorch).
-
-    Returns ``(models, skipped)``; ``skipped`` maps a format that cannot run here to the reason.
-    """
-    model = model.to(device).eval()
-    models: dict[str, nn.Module] = {
-        "fp32": model,
-        "fp16": cast_model(model, torch.float16),
-        "bf16": cast_model(model, torch.bfloat16),
-        "int8 (ours)": quantize_int8(model),
-    }
-    skipped: dict[str, str] = {}
-    reason = torch_int8_unavailable(device)
-    if reason:
-        skipped["int8 (PyTorch)"] = reason
-    else:
-        models["int8 (PyTorch)"] = quantize_dynamic_torch(model)
-    return models, skipped
-
-
-def compare_formats(
-    model: MiniMindForCausalLM,
-    prompt_ids: Tensor,
-    evaluate: Callable[[str, nn.Module], dict[str, float]] | None = None,
-    device: torch.device | str = "cpu",
-    new_tokens: int = 32,
-    repeats: int = 3,
-) -> list[FormatRow]:
-    """Size, speed and quality of ``model`` in each format of ``build_formats``.
-
-    ``evaluate(format_name, model)`` returns the quality columns (e.g. held-out perplexity and
-    exact-match from ``minimind_lib.evaluate``); formats that cannot run here get a row with
-    the reason in ``note``.
-    """
-    models, skipped = build_formats(model, device)
-    speeds = measure_speed(models, prompt_ids.to(device), new_tokens, repeats)
-    rows = []
-    for name, m in models.items():
-        values = {col: float(v) for col, v in (evaluate(name, m) if evaluate else {}).items()}
-        rows.append(FormatRow(name, model_size_bytes(m), speeds[name].prefill_tokens_per_s,
-                              speeds[name].decode_tokens_per_s, values))
-    rows += [FormatRow(name, 0, note=f"skipped: {why}") for name, why in skipped.items()]
-    return rows
-
-
-#: how ``format_table`` titles and prints the quality columns it knows (others: 4 digits)
-COLUMNS = {"perplexity": ("perplexity", "{:.4g}"), "exact_match": ("exact-match", "{:.1%}")}
-
-
-def format_table(rows: list[FormatRow]) -> str:
-    """A markdown table of ``compare_formats`` rows (size relative to the first row).
-
-    >>> print(format_table([FormatRow("fp32", 4_000_000, 1000.0, 50.0, {"exact_match": 0.25}),
-    ...                     FormatRow("int8", 1_000_000, 900.0, 40.0, {"exact_match": 0.25})]))
-    | format | size (MB) | size vs fp32 | prefill tok/s | decode tok/s | exact-match |
-    |---|---|---|---|---|---|
-    | fp32 | 4.00 | 1.00x | 1,000 | 50.0 | 25.0% |
-    | int8 | 1.00 | 0.25x | 900 | 40.0 | 25.0% |
-    """
-    cols = list(dict.fromkeys(c for r in rows for c in r.metrics))  # in order of appearance
-    titles = [COLUMNS.get(c, (c, ""))[0] for c in cols]
-    head = ["format", "size (MB)", "size vs fp32", "prefill tok/s", "decode tok/s", *titles]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = rows[0].size_bytes
-    for r in rows:
-        if r.note:
-            lines.append(f"| {r.name} | {r.note} |" + " |" * (len(head) - 2))
-            continue
-        cells = [r.name, f"{r.size_bytes / 1e6:.2f}", f"{r.size_bytes / base:.2f}x",
-                 f"{r.prefill_tokens_per_s:,.0f}", f"{r.decode_tokens_per_s:,.1f}",
-                 *(COLUMNS.get(c, (c, "{:.4g}"))[1].format(r.metrics[c]) if c in r.metrics
-                   else "" for c in cols)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- the pipeline stage
-
-
-@dataclass
-class FormatComparison:
-    """What ``measure_formats`` measured: the table rows, and per format the held-out scores
-    (``sft.ModelEval``: question scores per task and text perplexity)."""
-
-    rows: list[FormatRow]
-    evals: dict[str, ModelEval]
-    per_task: int
-    perplexity_tokens: int
-
-
-def measure_formats(model: MiniMindForCausalLM, tokenizer: BPETokenizer, profile: Profile,
-                    device: str | None = None, progress: bool = False) -> FormatComparison:
-    """The format table of notebook 07 and the quantize stage for a trained chat ``model``:
-    size, prefill/decode speed on ``device`` (default: the best here), held-out perplexity
-    and exact-match, for fp32, fp16, bf16, int8 (ours) and int8 (PyTorch)."""
-    # Five formats, each evaluated in full, would cost five times the sft stage's evaluation
-    # (and fp16 matmuls are slow on most CPUs): a tenth of its questions (the same ones for
-    # every format) and a slice of the held-out text keep the comparison fair and short;
-    # perplexity, which needs no generation, is the sharper of the two measures here.
-    per_task = max(2, math.ceil(profile.eval_per_task / 10))
-    questions = select_per_task(load_eval_records(), per_task)
-    budget = answer_budget(tokenizer, questions)
-    seq_len = profile.sft.seq_len
-    ppl_tokens = profile.eval_per_task * seq_len
-    evals: dict[str, ModelEval] = {}
-
-    def evaluate(name: str, m: nn.Module) -> dict[str, float]:
-        tasks = evaluate_sft(m, tokenizer, questions, max_new_tokens=budget, progress=progress)
-        ppl = perplexity(m, tokenizer, eval_files("pretrain")[0], seq_len, max_tokens=ppl_tokens)
-        evals[name] = ModelEval(tasks, ppl)
-        return {"perplexity": ppl, "exact_match": summarize(tasks)["all"].exact_match}
-
-    # the speed prompt: held-out text, as long as the training windows (at most 256 tokens)
-    texts = (r["text"] for r in read_jsonl(eval_files("pretrain")[0], "pretrain"))
-    stream = [i for ids in encode_texts(tokenizer, itertools.islice(texts, 64)) for i in ids]
-    prompt = torch.tensor([stream[:min(256, profile.pretrain.seq_len)]])  # (1, T)
-    rows = compare_formats(model, prompt, evaluate, device=pick_device(device), new_tokens=16)
-    return FormatComparison(rows, evals, per_task, ppl_tokens)
-
-
-def quantize_stage(ctx: StageContext) -> dict:
-    """The ``quantize`` stage: the ``dpo`` stage's model in int8 (a ``save_quantized`` folder
-    with the tokenizer files beside it), and the format table measured on it: ``eval.json``
-    (per format: held-out perplexity and question scores, as the sft stage writes them),
-    ``formats.md`` / ``metrics.jsonl`` (one row per format: size, prefill and decode speed,
-    perplexity, exact-match)."""
-    profile = ctx.profile
-    tokenizer = BPETokenizer.from_file(ctx.dir("tokenizer") / TOKENIZER_FILE)
-    model = load_model(ctx.dir(SOURCE_STAGE))
-    qmodel = quantize_int8(model)
-    save_quantized(qmodel, ctx.out_dir)
-    with torch.no_grad():  # what is on disk is what we made (and load_quantized is strict)
-        probe = torch.arange(min(16, model.config.vocab_size))[None]  # (1, 16)
-        if not torch.equal(load_quantized(ctx.out_dir)(probe).logits, qmodel(probe).logits):
-            raise RuntimeError(f"{ctx.out_dir}: the reloaded int8 model differs from the saved one")
-    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
-        if f.name != "stage.json":  # the folder is self-contained: serve --model works on it
-            shutil.copyfile(f, ctx.out_dir / f.name)
-
-    result = measure_formats(model, tokenizer, profile, ctx.device, ctx.progress)
-    rows = result.rows
-
-    atomic_write_text(ctx.out_dir / EVAL_FILE, json.dumps(
-        {"per_task": result.per_task, "perplexity_tokens": result.perplexity_tokens,
-         "models": {name: e.to_dict() for name, e in result.evals.items()}}, indent=2) + "\n")
-    atomic_write_text(ctx.out_dir / METRICS_FILE,
-                      "".join(json.dumps(asdict(r)) + "\n" for r in rows))
-    table = format_table(rows)
-    atomic_write_text(ctx.out_dir / TABLE_FILE, table + "\n")
-    print(table)
-    done = [r for r in rows if not r.note]
-    return {"source": SOURCE_STAGE, "format": FORMAT, "eval": EVAL_FILE, "table": TABLE_FILE,
-            "size_bytes": {r.name: r.size_bytes for r in done},
-            "perplexity": {r.name: r.metrics["perplexity"] for r in done},
-            "exact_match": {r.name: r.metrics["exact_match"] for r in done},
-            "skipped": {r.name: r.note for r in rows if r.note}}

@@ -20,21 +20,24 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from minimind_lib.checkpoint import atomic_write_text
 from minimind_lib.evaluate import (
     PreferenceScores,
-    format_preference_table,
-    format_table,
+    eval_report,
+    preference_table,
+    question_table,
+    read_eval,
 )
-from minimind_lib.pipeline import read_marker
+from minimind_lib.files import (
+    EVAL_FILE,
+    FIGURES_DIR,
+    FORMATS_FILE,
+    METRICS_FILE,
+    REPORT_FILE,
+    atomic_write_text,
+)
 from minimind_lib.plotting import plot_metrics, read_metrics
-from minimind_lib.quantize import TABLE_FILE
-from minimind_lib.sft import EVAL_FILE, eval_report, read_eval
-from minimind_lib.train import METRICS_FILE
+from minimind_lib.stages import STAGES, read_marker
 
-REPORT_FILE = "report.md"
-FIGURES_DIR = "figures"
-STAGE_ORDER = ("tokenizer", "pretrain", "sft", "dpo", "quantize")
 TRAINING_STAGES = {  # stage -> extra metrics plotted beside loss and learning rate
     "pretrain": (),
     "sft": (),
@@ -77,13 +80,15 @@ def _summary(summary: dict) -> str:
 def _stage_table(root: Path) -> tuple[str, float]:
     lines = ["| stage | status | seconds | summary |", "|---|---|---:|---|"]
     total = 0.0
-    for stage in STAGE_ORDER:
-        marker = read_marker(root / stage)
+    for stage in STAGES.values():
+        marker = read_marker(root / stage.name)
         if marker is None:
-            lines.append(f"| {stage} | not run | | |")
+            if stage.in_all:  # an optional stage (not part of `all`) is listed once it ran
+                lines.append(f"| {stage.name} | not run | | |")
             continue
         total += marker["seconds"]
-        lines.append(f"| {stage} | done | {marker['seconds']:.0f} | {_summary(marker['summary'])} |")
+        lines.append(f"| {stage.name} | done | {marker['seconds']:.0f} | "
+                     f"{_summary(marker['summary'])} |")
     return "\n".join(lines), total
 
 
@@ -96,7 +101,7 @@ def _dpo_preferences(root: Path) -> str | None:
         return None
     results = {name.upper(): {task: PreferenceScores(**v) for task, v in res.items()}
                for name, res in prefs.items()}
-    return format_preference_table(results)
+    return preference_table(results)
 
 
 def write_report(root: str | os.PathLike, profile_name: str | None = None,
@@ -104,7 +109,7 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
     """Write ``<root>/report.md`` (and the figures) from the stage folders under ``root``."""
     root = Path(root)
     stages, stage_seconds = _stage_table(root)
-    markers = [m for st in STAGE_ORDER if (m := read_marker(root / st)) is not None]
+    markers = [m for st in STAGES if (m := read_marker(root / st)) is not None]
     name = profile_name or (markers[0]["fingerprint"]["profile"] if markers else root.name)
     out = [f"# MiniMind run report: profile `{name}`", "",
            f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'this machine'} "
@@ -127,7 +132,7 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
                     "", eval_report(read_eval(root / stage)), ""]
 
     out += ["## Quantisation", ""]
-    table = root / "quantize" / TABLE_FILE
+    table = root / "quantize" / FORMATS_FILE
     if table.is_file():
         source = read_marker(root / "quantize")["summary"]["source"]
         out += [f"The `{source}` model in each format, measured on this machine (speed: batch 1, "
@@ -135,8 +140,8 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
                 table.read_text(encoding="utf-8").strip(), ""]
         evals = read_eval(root / "quantize")
         out += ["Held-out questions per format:", "",
-                format_table({k: e.tasks for k, e in evals.items()},
-                             metrics=("exact_match", "format_rate")), ""]
+                question_table({k: e.tasks for k, e in evals.items()},
+                               metrics=("exact_match", "format_rate")), ""]
     else:
         out += ["(the quantize stage has not run yet)", ""]
 

@@ -39,12 +39,18 @@ import regex
 from tqdm.auto import tqdm
 
 from minimind_lib import DATA_DIR
+from minimind_lib.files import TOKENIZER_FILE
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+#: The special tokens, ids 0, 1, 2 (the only home of these strings in the library).
+END_OF_TEXT = "<|endoftext|>"  # ends a document in the pretraining stream; also the pad token
+IM_START = "<|im_start|>"  # opens a chat turn: <|im_start|>role\ncontent<|im_end|>
+IM_END = "<|im_end|>"  # closes a chat turn: the chat model's stop token
+SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END]
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant"
 #: The course tokenizer: ``train_bpe(<texts of COURSE_CORPUS>, COURSE_VOCAB_SIZE)``,
 #: rebuilt by ``python scripts/train_tokenizer.py``.
-COURSE_TOKENIZER = DATA_DIR / "tokenizer" / "tokenizer.json"
+COURSE_TOKENIZER_DIR = DATA_DIR / "tokenizer"  # also tokenizer_config.json for transformers
+COURSE_TOKENIZER = COURSE_TOKENIZER_DIR / TOKENIZER_FILE
 COURSE_CORPUS = DATA_DIR / "pretrain_sample.jsonl"
 COURSE_VOCAB_SIZE = 6400
 
@@ -337,6 +343,7 @@ class BPETokenizer:
         self._special = {t.content: t.id for t in added_tokens if t.special}
         self._cache: dict[str, list[int]] = {}
         self._cache_size = cache_size
+        self._fast: dict[bool, object] = {}  # encode_batch's HF tokenizers, built on first use
 
     # -- lookups --
 
@@ -383,6 +390,40 @@ class BPETokenizer:
             else:
                 ids.extend(self._encode_ordinary(piece))
         return ids
+
+    def encode_batch(self, texts: Sequence[str], allowed_special: str | set[str]) -> list[list[int]]:
+        """``[self.encode(t, allowed_special) for t in texts]``, computed by HF ``tokenizers``.
+
+        The fast path, on purpose: the Rust tokenizer built from this tokenizer's own
+        ``tokenizer.json`` (``to_dict``, once per tokenizer and mode) encodes the batch on
+        every core and yields the same ids as ``encode`` (``tests/test_tokenizer.py`` checks
+        it on the bundled corpus). Training and evaluation data go through here; ``encode``
+        stays the readable reference. ``allowed_special`` is ``"all"`` (special-token strings in
+        the text become special ids, as MiniMind's pretraining data expects) or ``set()`` (they
+        stay plain text, as message content does in ``encode_chat``).
+
+        >>> tok = load_tokenizer()
+        >>> text = "hi <|im_end|>"
+        >>> tok.encode_batch([text], allowed_special=set()) == [tok.encode(text, allowed_special=set())]
+        True
+        >>> tok.encode_batch([text], allowed_special="all")[0][-1]   # the special id of <|im_end|>
+        2
+        """
+        if allowed_special == "all":
+            as_text = False
+        elif isinstance(allowed_special, (set, frozenset)) and not allowed_special:
+            as_text = True
+        else:
+            raise ValueError(f"encode_batch takes allowed_special='all' or set() (the two modes of "
+                             f"the fast path), got {allowed_special!r}; use encode for a subset")
+        fast = self._fast.get(as_text)
+        if fast is None:
+            from tokenizers import Tokenizer
+
+            fast = Tokenizer.from_str(json.dumps(self.to_dict()))
+            fast.encode_special_tokens = as_text  # True: special-token strings are plain text
+            self._fast[as_text] = fast
+        return [e.ids for e in fast.encode_batch(list(texts), add_special_tokens=False)]
 
     def _matchable(self, allowed_special: str | set[str]) -> frozenset[str]:
         if allowed_special == "all":
@@ -532,7 +573,7 @@ class BPETokenizer:
         """Write a ``transformers.AutoTokenizer`` folder: tokenizer.json, tokenizer_config.json
         (MiniMind's settings and ChatML ``chat_template``) and special_tokens_map.json."""
         directory = Path(directory)
-        self.save(directory / "tokenizer.json")
+        self.save(directory / TOKENIZER_FILE)
         for name, content in _transformers_config(self).items():
             (directory / name).write_text(json.dumps(content, ensure_ascii=False, indent=2) + "\n",
                                           encoding="utf-8")
@@ -657,10 +698,10 @@ def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False) ->
         turns.insert(0, ("system", DEFAULT_SYSTEM_PROMPT))
     parts: list[tuple[str, bool]] = []
     for role, content in turns:
-        parts += [("<|im_start|>", True), (f"{role}\n{content}", False), ("<|im_end|>", True),
+        parts += [(IM_START, True), (f"{role}\n{content}", False), (IM_END, True),
                   ("\n", False)]
     if add_generation_prompt:
-        parts += [("<|im_start|>", True), ("assistant\n", False)]
+        parts += [(IM_START, True), ("assistant\n", False)]
     return parts
 
 
@@ -678,7 +719,7 @@ def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = 
     return "".join(text for text, _ in chat_parts(messages, add_generation_prompt))
 
 
-def encode_chat(tok: BPETokenizer, messages: Sequence[dict],
+def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
                 add_generation_prompt: bool = False) -> list[int]:
     """Ids of the rendered chat: role markers are special ids, and message content is
     never parsed for special tokens, so typed ``<|im_end|>`` text cannot forge a turn.
@@ -690,22 +731,23 @@ def encode_chat(tok: BPETokenizer, messages: Sequence[dict],
     """
     ids: list[int] = []
     for text, special in chat_parts(messages, add_generation_prompt):
-        ids += [tok.token_to_id(text)] if special else tok.encode(text, allowed_special=set())
+        ids += ([tokenizer.token_to_id(text)] if special
+                else tokenizer.encode(text, allowed_special=set()))
     return ids
 
 
-def _transformers_config(tok: BPETokenizer) -> dict[str, dict]:
+def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
     """tokenizer_config.json and special_tokens_map.json as MiniMind ships them."""
     def tag(content: str) -> dict:
         return {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
                 "single_word": False, "special": True}
 
-    specials = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+    specials = {"bos_token": IM_START, "eos_token": IM_END, "pad_token": END_OF_TEXT,
+                "unk_token": END_OF_TEXT}
     config = {
-        "add_bos_token": False, "add_eos_token": False, "add_prefix_space": tok.add_prefix_space,
+        "add_bos_token": False, "add_eos_token": False, "add_prefix_space": tokenizer.add_prefix_space,
         "added_tokens_decoder": {str(t.id): {**tag(t.content), "special": t.special}
-                                 for t in sorted(tok.added_tokens, key=lambda t: t.id)},
+                                 for t in sorted(tokenizer.added_tokens, key=lambda t: t.id)},
         "additional_special_tokens": [], **specials,
         "clean_up_tokenization_spaces": False, "legacy": True, "model_max_length": 32768,
         "spaces_between_special_tokens": False, "tokenizer_class": "PreTrainedTokenizerFast",

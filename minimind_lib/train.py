@@ -1,6 +1,9 @@
 """The training engine: one loop for pretraining, SFT and DPO (built up in notebook 04).
 
-One optimizer step of ``train``:
+``train`` reads in three parts: ``start_run`` (seed, device, optimizer, scaler, resume, the
+data stream), ``train_step`` (one optimizer step: accumulate -> unscale -> clip -> step ->
+zero, the loop notebook 04 assembles by hand), and around it ``RunLog`` / ``_after_step``
+(metrics, validation, checkpoints). One optimizer step of ``train``:
 
 1. set the learning rate: linear warmup, then cosine decay to ``min_lr_ratio`` of the peak
    (Loshchilov & Hutter 2017, SGDR eq. 5, without restarts);
@@ -17,7 +20,7 @@ One optimizer step of ``train``:
 
 Precision: ``TrainConfig.precision="auto"`` follows ``minimind_lib.device.pick_precision``:
 bf16 autocast on CUDA GPUs that support it (else fp16 + scaler), and on a CPU *bf16 where the
-CPU has native bf16 instructions* (about 2x faster than fp32 there), else fp32. Ask for
+CPU has native bf16 instructions* (faster than fp32 there: docs/benchmarks.md), else fp32. Ask for
 ``"fp32"`` to get the plain fp32 loop anywhere.
 
 Data order is a function of (seed, step) only: step ``s`` reads the global batch
@@ -44,7 +47,7 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -59,16 +62,65 @@ from tqdm.auto import tqdm
 
 from minimind_lib.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from minimind_lib.device import PRECISIONS, Precision, pick_device, pick_precision, seed_everything
-from minimind_lib.profiles import StageSettings
-
-METRICS_FILE = "metrics.jsonl"
+from minimind_lib.files import METRICS_FILE
 
 LossFn = Callable[[nn.Module, dict], "tuple[torch.Tensor, dict[str, Any]]"]
 
 
-@dataclass
-class TrainConfig:
-    """Settings of one training run.
+@dataclass(frozen=True)
+class TrainSettings:
+    """The hyper-parameters of one training run: the one place each is defined.
+
+    A profile holds one per stage (``profile.pretrain``, ``profile.sft``; DPO's adds ``beta``:
+    ``minimind_lib.dpo.DPOSettings``); ``TrainConfig`` adds how and where to run. An optimizer
+    step sees ``batch_size * accumulation_steps`` sequences of ``seq_len`` tokens per process.
+    ``max_steps`` counts optimizer steps; ``max_examples`` caps how many examples (documents,
+    conversations, pairs) a stage reads (None = all).
+
+    >>> TrainSettings(batch_size=4, seq_len=64, accumulation_steps=2).tokens_per_step
+    512
+    """
+
+    batch_size: int = 8
+    seq_len: int = 128  # tokens per training sequence (datasets are cut to it)
+    learning_rate: float = 3e-4
+    max_steps: int = 100
+    accumulation_steps: int = 1
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW
+    eval_every: int = 50
+    eval_batches: int = 20  # validation batches per evaluation
+    save_every: int = 200  # checkpoint period in steps (and always at the end)
+    max_examples: int | None = None
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for field_name in ("batch_size", "seq_len", "max_steps", "accumulation_steps",
+                           "eval_every", "eval_batches", "save_every"):
+            if getattr(self, field_name) <= 0:
+                raise ValueError(f"{name}.{field_name} must be positive, got "
+                                 f"{getattr(self, field_name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"{name}.learning_rate must be positive, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"{name}.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"{name}.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.max_examples is not None and self.max_examples <= 0:
+            raise ValueError(f"{name}.max_examples must be positive or None, got {self.max_examples}")
+        object.__setattr__(self, "betas", tuple(self.betas))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.accumulation_steps * self.seq_len
+
+
+@dataclass(frozen=True)
+class TrainConfig(TrainSettings):
+    """A training run: the hyper-parameters (``TrainSettings``) plus how and where to run.
 
     ``batch_size`` is the micro-batch of one process; an optimizer step sees
     ``batch_size * accumulation_steps * world_size`` sequences.
@@ -79,19 +131,6 @@ class TrainConfig:
     ValueError: TrainConfig.max_steps must be positive, got 0
     """
 
-    batch_size: int = 8
-    seq_len: int = 128  # informational for the engine; datasets are cut to it
-    learning_rate: float = 3e-4
-    max_steps: int = 100
-    accumulation_steps: int = 1
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    betas: tuple[float, float] = (0.9, 0.95)
-    eval_every: int = 50
-    eval_batches: int = 20  # validation batches per evaluation
-    save_every: int = 200  # checkpoint period in steps (and always at the end)
     out_dir: str | Path | None = None  # None: no metrics file and no checkpoints
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see module docstring)
     device: str | None = None  # None: minimind_lib.device.pick_device()
@@ -104,32 +143,26 @@ class TrainConfig:
     wandb_project: str | None = None  # log to Weights & Biases too, when installed
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "seq_len", "max_steps", "accumulation_steps", "eval_every",
-                     "eval_batches", "save_every", "max_bad_steps", "keep_checkpoints"):
+        super().__post_init__()
+        for name in ("max_bad_steps", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"TrainConfig.learning_rate must be positive, got {self.learning_rate}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision is {self.precision!r}; choose one of "
                              f"{', '.join(PRECISIONS)}")
-        self.betas = tuple(self.betas)
 
     @classmethod
-    def from_stage(cls, stage: StageSettings, **overrides: Any) -> TrainConfig:
-        """The config of a profile stage, e.g. ``TrainConfig.from_stage(profile.pretrain, out_dir=d)``.
+    def from_stage(cls, settings: TrainSettings, **overrides: Any) -> TrainConfig:
+        """A run of a profile stage's settings, e.g. ``TrainConfig.from_stage(profile.pretrain,
+        out_dir=d)``: every ``TrainSettings`` field is carried over (a subclass's own fields,
+        such as DPO's ``beta``, stay with the stage); ``overrides`` replace any field.
 
         >>> from minimind_lib.profiles import get_profile
         >>> c = TrainConfig.from_stage(get_profile("smoke").pretrain, precision="fp32")
         >>> (c.batch_size, c.max_steps, c.precision)
         (8, 80, 'fp32')
         """
-        mine = {f.name for f in fields(cls)}
-        values = {f.name: getattr(stage, f.name) for f in fields(stage) if f.name in mine}
+        values = {f.name: getattr(settings, f.name) for f in fields(TrainSettings)}
         return cls(**{**values, **overrides})
 
     def lr(self, step: int) -> float:
@@ -340,9 +373,213 @@ def _wandb_run(config: TrainConfig):
         import wandb
     except ImportError:
         warnings.warn("wandb_project is set but wandb is not installed; logging to "
-                      "metrics.jsonl only (pip install wandb)", stacklevel=3)
+                      "metrics.jsonl only (pip install wandb)", stacklevel=4)
         return None
     return wandb.init(project=config.wandb_project, config=asdict(config))
+
+
+# --- 1. setup and resume -------------------------------------------------------------------
+
+
+@dataclass
+class TrainRun:
+    """What ``start_run`` prepares for the loop: where the model runs, its optimizer and loss
+    scaler, the micro-batch stream, and where training (re)starts."""
+
+    model: nn.Module
+    forward: nn.Module  # the model, or its compiled / DDP wrapper: what the loss calls
+    params: list[nn.Parameter]  # the trainable parameters, in model order (for clipping)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batches: Iterator[dict]
+    device: torch.device
+    precision: Precision
+    info: DistInfo
+    data_pos: dict  # what a resumed run must share with this one
+    start_step: int = 0
+    tokens_seen: int = 0
+    elapsed0: float = 0.0  # seconds trained before a resume
+
+
+def start_run(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
+              collate_fn: Callable | None = None, resume: bool = False) -> TrainRun:
+    """Seed, place the model, build optimizer and scaler, resume from the latest checkpoint
+    (``resume=True``), and start the data stream at the right step."""
+    info = init_distributed()
+    device = pick_device(config.device)
+    if device.type == "cuda" and info.world_size > 1:
+        device = torch.device("cuda", info.local_rank)
+    precision = pick_precision(device, config.precision)
+    if resume and config.out_dir is None:
+        raise ValueError("resume=True needs TrainConfig.out_dir (where the checkpoints are)")
+    seed_everything(config.seed)
+    model.to(device).train()
+    optimizer = make_optimizer(model, config, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.use_scaler)
+    data_pos = {"dataset_len": len(dataset), "batch_size": config.batch_size,
+                "accumulation_steps": config.accumulation_steps,
+                "world_size": info.world_size, "seed": config.seed}
+    run = TrainRun(model, model, [p for p in model.parameters() if p.requires_grad], optimizer,
+                   scaler, iter(()), device, precision, info, data_pos)
+    saved_rng = _resume(run, Path(config.out_dir)) if resume else None
+
+    sampler = StepBatchSampler(len(dataset), batch_size=config.batch_size,
+                               accumulation_steps=config.accumulation_steps,
+                               world_size=info.world_size, rank=info.rank, seed=config.seed,
+                               start_step=run.start_step, max_steps=config.max_steps)
+    # subtle: a DataLoader draws a seed from the generator it is given (else from the global
+    # RNG) when it starts iterating; a private generator keeps the global stream untouched.
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
+                        num_workers=config.num_workers, pin_memory=device.type == "cuda",
+                        generator=torch.Generator())
+    run.batches = iter(loader)
+    if saved_rng is not None:
+        set_rng_state(saved_rng)  # after the loader started, so the streams line up exactly
+    run.forward = torch.compile(model) if config.compile else model
+    if info.world_size > 1:
+        run.forward = DistributedDataParallel(
+            run.forward, device_ids=[device.index] if device.type == "cuda" else None)
+    return run
+
+
+def _resume(run: TrainRun, out_dir: Path) -> dict | None:
+    """Load the latest checkpoint of ``out_dir`` into ``run``; its RNG state (None: no checkpoint)."""
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        if run.info.is_main:
+            print(f"no checkpoint in {out_dir}; starting from step 0")
+        return None
+    state = load_checkpoint(ckpt, run.model, device=run.device)
+    _check_resumable(state["data"], run.data_pos, ckpt)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.start_step, run.elapsed0 = state["step"], state["elapsed_s"]
+    run.tokens_seen = state["tokens_seen"]
+    if run.info.is_main:
+        print(f"resuming from {ckpt} at step {run.start_step}")
+    return state["rng"][run.info.rank]
+
+
+# --- 2. one optimizer step -----------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step measured: the mean loss (and the loss function's extra
+    metrics) over its micro-batches, the gradient norm before clipping, the tokens it read,
+    and whether it was finite (a non-finite step is skipped, not applied)."""
+
+    values: dict[str, float]
+    tokens: int
+    finite: bool
+
+
+def train_step(forward: nn.Module, batches: Iterator[dict], optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, params: list[nn.Parameter], loss_fn: LossFn, *,
+               accumulation_steps: int, grad_clip: float, precision: Precision,
+               device: torch.device, world_size: int = 1) -> StepResult:
+    """One optimizer step, the loop notebook 04 assembles:
+    accumulate -> unscale -> clip -> step -> zero.
+
+    1. ``accumulation_steps`` micro-batches, each forward under autocast and backward of
+       ``loss / accumulation_steps`` (scaled by the ``GradScaler`` for fp16), so the summed
+       gradients equal one big batch's mean gradient (DDP syncs on the last one only);
+    2. unscale (fp16), so clipping sees the true gradients;
+    3. clip the global gradient norm to ``grad_clip`` (0: no clipping);
+    4. step, unless the loss or gradient is not finite (fp16's scaler also skips overflows);
+    5. zero the gradients.
+    """
+    sums: dict[str, torch.Tensor] = {}
+    tokens = 0
+    for micro in range(accumulation_steps):  # 1. accumulate
+        batch = _to_device(next(batches), device)
+        tokens += batch["input_ids"].numel() * world_size
+        last = micro == accumulation_steps - 1
+        sync = contextlib.nullcontext() if last or world_size == 1 else forward.no_sync()
+        with sync:
+            with precision.context(device):
+                loss, extra = loss_fn(forward, batch)
+            # mean over micro-batches: sum of (loss / A) grads == big-batch mean gradient
+            scaler.scale(loss / accumulation_steps).backward()
+        for name, value in {"loss": loss, **extra}.items():
+            value = torch.as_tensor(value, device=device).detach().float()
+            sums[name] = sums[name] + value if name in sums else value
+    if precision.use_scaler:
+        scaler.unscale_(optimizer)  # 2. clip the true gradients, not the scaled ones
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # 3. clip
+    values = _step_means(sums, grad_norm, accumulation_steps, world_size, device)
+    finite = math.isfinite(values["loss"]) and (precision.use_scaler
+                                                or math.isfinite(values["grad_norm"]))
+    if finite:
+        scaler.step(optimizer)  # 4. (with fp16 it skips the update itself on overflow)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)  # 5.
+    return StepResult(values, tokens, finite)
+
+
+def _step_means(sums: dict[str, torch.Tensor], grad_norm: torch.Tensor, accumulation_steps: int,
+                world_size: int, device: torch.device) -> dict[str, float]:
+    """Per-micro-batch means of the summed metrics, and the grad norm, averaged over ranks."""
+    names = sorted(sums)
+    packed = torch.stack([sums[n] for n in names] + [grad_norm.float()]) / torch.tensor(
+        [accumulation_steps] * len(names) + [1.0], device=device)
+    if world_size > 1:
+        dist.all_reduce(packed)  # every rank sees the same numbers, so all skip together
+        packed /= world_size  # (the grad norm is identical on every rank already)
+    return dict(zip(names + ["grad_norm"], packed.tolist(), strict=True))
+
+
+# --- 3. logging, evaluation and saving around the steps ------------------------------------
+
+
+class RunLog:
+    """Where each step's metrics row goes: ``metrics.jsonl``, Weights & Biases, the callbacks
+    and the progress bar (rank 0 only)."""
+
+    def __init__(self, config: TrainConfig, run: TrainRun, resume: bool,
+                 callbacks: Sequence[Callable[[dict], None]]):
+        main = run.info.is_main
+        out_dir = Path(config.out_dir) if config.out_dir is not None else None
+        self.metrics = MetricsLog(out_dir / METRICS_FILE if out_dir and main else None,
+                                  run.start_step if resume else None)
+        self.wandb_run = _wandb_run(config) if main else None
+        self.callbacks = list(callbacks) if main else []
+        self.bar = tqdm(total=config.max_steps, initial=run.start_step,
+                        disable=not (config.progress and main), desc="train", dynamic_ncols=True)
+
+    def write(self, row: dict) -> None:
+        self.metrics.write(row)
+        if self.wandb_run is not None:
+            self.wandb_run.log(row, step=row["step"])
+        for callback in self.callbacks:
+            callback(row)
+
+    def advance(self, row: dict) -> None:
+        self.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
+                             tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def _after_step(run: TrainRun, config: TrainConfig, row: dict, loss_fn: LossFn,
+                eval_dataset: Dataset | None, collate_fn: Callable | None) -> None:
+    """Validate every ``eval_every`` steps and checkpoint every ``save_every`` (and at the end)."""
+    step, is_last = row["step"], row["step"] == config.max_steps
+    if row.get("skipped") and run.info.is_main:
+        print(f"step {step}: non-finite loss/gradient (loss={row['loss']}, "
+              f"grad_norm={row['grad_norm']}); step skipped")
+    if eval_dataset is not None and run.info.is_main and (step % config.eval_every == 0 or is_last):
+        row["val_loss"] = evaluate_loss(run.model, eval_dataset, batch_size=config.batch_size,
+                                        max_batches=config.eval_batches, device=run.device,
+                                        precision=run.precision, loss_fn=loss_fn,
+                                        collate_fn=collate_fn)
+    if config.out_dir is not None and (step % config.save_every == 0 or is_last):
+        _save(Path(config.out_dir), step, run, row["elapsed_s"], config)
 
 
 def _check_resumable(saved: dict, current: dict, path: Path) -> None:
@@ -358,169 +595,62 @@ def _check_resumable(saved: dict, current: dict, path: Path) -> None:
 def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
           loss_fn: LossFn | None = None, eval_dataset: Dataset | None = None,
           collate_fn: Callable | None = None, resume: bool = False,
-          callbacks: list[Callable[[dict], None]] | tuple = ()) -> list[dict]:
+          callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
     """Train ``model`` on ``dataset``; return this call's metrics rows (one per optimizer step).
 
-    With ``config.out_dir`` set: rows are appended to ``out_dir/metrics.jsonl`` and
-    checkpoints written to ``out_dir/checkpoints/``; ``resume=True`` continues from the
-    latest checkpoint there (or starts fresh when there is none). ``callbacks`` get each
-    row as it is logged (e.g. ``minimind_lib.plotting.LiveLossPlot``). Under ``torchrun``
-    every rank calls ``train``; rank 0 logs and saves.
+    Three parts: ``start_run`` (setup and resume), ``train_step`` per optimizer step, and
+    around it logging, validation and checkpoints. With ``config.out_dir`` set: rows are
+    appended to ``out_dir/metrics.jsonl`` and checkpoints written to ``out_dir/checkpoints/``;
+    ``resume=True`` continues from the latest checkpoint there (or starts fresh when there is
+    none). ``callbacks`` get each row as it is logged (e.g. ``plotting.LiveLossPlot``). Under
+    ``torchrun`` every rank calls ``train``; rank 0 logs and saves.
     """
     loss_fn = loss_fn or default_loss
-    info = init_distributed()
-    device = pick_device(config.device)
-    if device.type == "cuda" and info.world_size > 1:
-        device = torch.device("cuda", info.local_rank)
-    precision = pick_precision(device, config.precision)
-    out_dir = Path(config.out_dir) if config.out_dir is not None else None
-    if resume and out_dir is None:
-        raise ValueError("resume=True needs TrainConfig.out_dir (where the checkpoints are)")
-
-    seed_everything(config.seed)
-    model.to(device).train()
-    optimizer = make_optimizer(model, config, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision.use_scaler)
-    data_pos = {"dataset_len": len(dataset), "batch_size": config.batch_size,
-                "accumulation_steps": config.accumulation_steps,
-                "world_size": info.world_size, "seed": config.seed}
-
-    start_step, elapsed0, tokens_seen, saved_rng = 0, 0.0, 0, None
-    ckpt = latest_checkpoint(out_dir) if resume else None
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, model, device=device)
-        _check_resumable(state["data"], data_pos, ckpt)
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        start_step, elapsed0, tokens_seen = state["step"], state["elapsed_s"], state["tokens_seen"]
-        saved_rng = state["rng"][info.rank]
-        if info.is_main:
-            print(f"resuming from {ckpt} at step {start_step}")
-    elif resume and info.is_main:
-        print(f"no checkpoint in {out_dir}; starting from step 0")
-
-    sampler = StepBatchSampler(len(dataset), batch_size=config.batch_size,
-                               accumulation_steps=config.accumulation_steps,
-                               world_size=info.world_size, rank=info.rank, seed=config.seed,
-                               start_step=start_step, max_steps=config.max_steps)
-    # subtle: a DataLoader draws a seed from the generator it is given (else from the global
-    # RNG) when it starts iterating; a private generator keeps the global stream untouched.
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
-                        num_workers=config.num_workers, pin_memory=device.type == "cuda",
-                        generator=torch.Generator())
-    batches = iter(loader)
-    if saved_rng is not None:
-        set_rng_state(saved_rng)  # after the loader started, so the streams line up exactly
-
-    forward = torch.compile(model) if config.compile else model
-    if info.world_size > 1:
-        forward = DistributedDataParallel(
-            forward, device_ids=[device.index] if device.type == "cuda" else None)
-    params = [p for p in model.parameters() if p.requires_grad]
-    log = MetricsLog(out_dir / METRICS_FILE if out_dir and info.is_main else None,
-                     start_step if resume else None)
-    wandb_run = _wandb_run(config) if info.is_main else None
-    bar = tqdm(total=config.max_steps, initial=start_step, disable=not (config.progress and info.is_main),
-               desc="train", dynamic_ncols=True)
-
+    run = start_run(model, dataset, config, collate_fn=collate_fn, resume=resume)
+    log = RunLog(config, run, resume, callbacks)
     rows, bad_streak, t_start = [], 0, time.perf_counter()
-    for step in range(start_step, config.max_steps):
+    for step in range(run.start_step, config.max_steps):
         t0 = time.perf_counter()
         lr = config.lr(step)
-        for group in optimizer.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
-
-        sums: dict[str, torch.Tensor] = {}
-        step_tokens = 0
-        for micro in range(config.accumulation_steps):
-            batch = _to_device(next(batches), device)
-            step_tokens += batch["input_ids"].numel() * info.world_size
-            last = micro == config.accumulation_steps - 1
-            sync = contextlib.nullcontext() if last or info.world_size == 1 else forward.no_sync()
-            with sync:
-                with precision.context(device):
-                    loss, extra = loss_fn(forward, batch)
-                # mean over micro-batches: sum of (loss / A) grads == big-batch mean gradient
-                scaler.scale(loss / config.accumulation_steps).backward()
-            for name, value in {"loss": loss, **extra}.items():
-                value = torch.as_tensor(value, device=device).detach().float()
-                sums[name] = sums[name] + value if name in sums else value
-
-        if precision.use_scaler:
-            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        names = sorted(sums)
-        packed = torch.stack([sums[n] for n in names] + [grad_norm.float()]) / torch.tensor(
-            [config.accumulation_steps] * len(names) + [1.0], device=device)
-        if info.world_size > 1:
-            dist.all_reduce(packed)  # every rank sees the same numbers, so all skip together
-            packed /= info.world_size  # (the grad norm is identical on every rank already)
-        values = dict(zip(names + ["grad_norm"], packed.tolist(), strict=True))
-
-        finite = math.isfinite(values["loss"]) and (precision.use_scaler or math.isfinite(values["grad_norm"]))
-        if finite:
-            scaler.step(optimizer)  # with fp16 it skips the update itself if gradients overflowed
-            bad_streak = 0
-        else:
-            bad_streak += 1
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        tokens_seen += step_tokens
-
+        result = train_step(run.forward, run.batches, run.optimizer, run.scaler, run.params,
+                            loss_fn, accumulation_steps=config.accumulation_steps,
+                            grad_clip=config.grad_clip, precision=run.precision,
+                            device=run.device, world_size=run.info.world_size)
+        bad_streak = 0 if result.finite else bad_streak + 1
+        run.tokens_seen += result.tokens
         t1 = time.perf_counter()
-        row = {"step": step + 1, **values, "lr": lr, "tokens": tokens_seen,
-               "tokens_per_s": step_tokens / max(t1 - t0, 1e-9),
-               "elapsed_s": elapsed0 + t1 - t_start}
-        if not finite:
+        row = {"step": step + 1, **result.values, "lr": lr, "tokens": run.tokens_seen,
+               "tokens_per_s": result.tokens / max(t1 - t0, 1e-9),
+               "elapsed_s": run.elapsed0 + t1 - t_start}
+        if not result.finite:
             row["skipped"] = True
-            if info.is_main:
-                print(f"step {step + 1}: non-finite loss/gradient (loss={values['loss']}, "
-                      f"grad_norm={values['grad_norm']}); step skipped")
-        is_last = step + 1 == config.max_steps
-        if eval_dataset is not None and info.is_main and ((step + 1) % config.eval_every == 0 or is_last):
-            row["val_loss"] = evaluate_loss(model, eval_dataset, batch_size=config.batch_size,
-                                            max_batches=config.eval_batches, device=device,
-                                            precision=precision, loss_fn=loss_fn,
-                                            collate_fn=collate_fn)
-        if out_dir is not None and ((step + 1) % config.save_every == 0 or is_last):
-            _save(out_dir, step + 1, model, optimizer, scaler, data_pos, tokens_seen,
-                  row["elapsed_s"], config, info)
-
+        _after_step(run, config, row, loss_fn, eval_dataset, collate_fn)
         rows.append(row)
         log.write(row)
-        if wandb_run is not None:
-            wandb_run.log(row, step=step + 1)
-        for callback in callbacks if info.is_main else ():
-            callback(row)
         if bad_streak >= config.max_bad_steps:
-            bar.close()
+            log.close()
             raise TrainingDiverged(
                 f"training stopped at step {step + 1}: {bad_streak} optimizer steps in a row had "
                 f"a non-finite loss or gradient. Lower the learning rate (now "
                 f"{config.learning_rate:g}) or train in bf16 instead of fp16 "
-                f"(precision is {precision.name}).")
-        bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{lr:.2e}",
-                        tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
-        bar.update(1)
-    bar.close()
-    if wandb_run is not None:
-        wandb_run.finish()
+                f"(precision is {run.precision.name}).")
+        log.advance(row)
+    log.close()
     return rows
 
 
-def _save(out_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-          scaler: torch.amp.GradScaler, data_pos: dict, tokens_seen: int, elapsed: float,
-          config: TrainConfig, info: DistInfo) -> None:
+def _save(out_dir: Path, step: int, run: TrainRun, elapsed: float, config: TrainConfig) -> None:
     rngs = [rng_state()]
-    if info.world_size > 1:  # every rank's RNG (dropout streams differ), saved by rank 0
-        rngs = [None] * info.world_size
+    if run.info.world_size > 1:  # every rank's RNG (dropout streams differ), saved by rank 0
+        rngs = [None] * run.info.world_size
         dist.all_gather_object(rngs, rng_state())
-    if info.is_main:
+    if run.info.is_main:
         config_row = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-        state = {"step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "rng": rngs, "data": data_pos, "tokens_seen": tokens_seen, "elapsed_s": elapsed,
-                 "config": config_row}
-        save_checkpoint(out_dir, step, model, state, keep=config.keep_checkpoints)
-    if info.world_size > 1:
+        state = {"step": step, "optimizer": run.optimizer.state_dict(),
+                 "scaler": run.scaler.state_dict(), "rng": rngs, "data": run.data_pos,
+                 "tokens_seen": run.tokens_seen, "elapsed_s": elapsed, "config": config_row}
+        save_checkpoint(out_dir, step, run.model, state, keep=config.keep_checkpoints)
+    if run.info.world_size > 1:
         dist.barrier()

@@ -18,10 +18,11 @@ import argparse
 
 from minimind_lib import pipeline
 from minimind_lib.checkpoint import load_model
-from minimind_lib.evaluate import format_table
+from minimind_lib.evaluate import eval_report, evaluate_model, question_table, read_eval
+from minimind_lib.files import TOKENIZER_FILE
 from minimind_lib.plotting import read_metrics
 from minimind_lib.profiles import PROFILE_NAMES, get_profile
-from minimind_lib.sft import TOKENIZER_FILE, eval_report, evaluate_model, read_eval, train_sft
+from minimind_lib.sft import train_sft
 from minimind_lib.tokenizer import BPETokenizer
 
 
@@ -41,12 +42,13 @@ def main() -> None:
     tokenizer = BPETokenizer.from_file(root / "tokenizer" / TOKENIZER_FILE)
     model = load_model(root / "pretrain")
     run = train_sft(model, tokenizer, profile.sft, seed=profile.seed, answer_only=False)
-    all_tokens = evaluate_model(model.cpu(), tokenizer, profile)
+    all_tokens = evaluate_model(model.cpu(), tokenizer, per_task=profile.eval_per_task,
+                                seq_len=profile.sft.seq_len)
     val = {"answer-only": [r["val_loss"] for r in read_metrics(sft_dir) if "val_loss" in r][-1],
            "all tokens": [r["val_loss"] for r in run.rows if "val_loss" in r][-1]}
     print(f"\n## Ablation: loss on the answers only vs on all tokens ({profile.sft.max_steps} steps "
           "each)\n")
-    print(format_table({"answer-only": evals["sft"].tasks, "all tokens": all_tokens.tasks}))
+    print(question_table({"answer-only": evals["sft"].tasks, "all tokens": all_tokens.tasks}))
     print("\nfinal validation loss on held-out replies: "
           + ", ".join(f"{name} {v:.3f}" for name, v in val.items()))
     print(f"held-out text perplexity: answer-only {evals['sft'].perplexity:.1f}, "

@@ -8,9 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minimind_lib import pipeline
 from minimind_lib.checkpoint import save_model
-from minimind_lib.data import IGNORE_INDEX
 from minimind_lib.dpo import (
     DPODataset,
     DPOLoss,
@@ -25,9 +23,10 @@ from minimind_lib.dpo import (
     train_dpo,
 )
 from minimind_lib.evaluate import summarize_preferences
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import IGNORE_INDEX, MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.profiles import get_profile
 from minimind_lib.sft import train_sft
+from minimind_lib.stages import STAGES, StageContext
 from minimind_lib.tokenizer import load_tokenizer
 from minimind_lib.train import TrainConfig, train
 
@@ -104,7 +103,7 @@ def test_answer_logprobs_counts_only_supervised_tokens():
 
 
 def test_dataset_masks_exclude_the_prompt():
-    ds = DPODataset(PAIRS[:2], TOK, max_length=64)
+    ds = DPODataset(PAIRS[:2], TOK, seq_len=64)
     item = ds[0]
     for side, answer in (("chosen", "7"), ("rejected", "33")):
         ids, labels = item[f"{side}_input_ids"], item[f"{side}_labels"]
@@ -125,12 +124,12 @@ def test_dataset_rejects_different_prompts_and_drops_cut_answers():
     bad = pair("1 和 2 哪个大？", "2", "1")
     bad["rejected"][0] = {"role": "user", "content": "another question"}
     with pytest.raises(ValueError, match="record 2: 'chosen' and 'rejected' must share the prompt"):
-        DPODataset([PAIRS[0], bad], TOK, max_length=64)
+        DPODataset([PAIRS[0], bad], TOK, seq_len=64)
     long_prompt = pair("很长的问题" * 40, "2", "1")
-    ds = DPODataset([PAIRS[0], long_prompt], TOK, max_length=48)
+    ds = DPODataset([PAIRS[0], long_prompt], TOK, seq_len=48)
     assert len(ds) == 1 and ds.dropped == 1
     with pytest.raises(ValueError, match="no usable preference pair"):
-        DPODataset([long_prompt], TOK, max_length=48)
+        DPODataset([long_prompt], TOK, seq_len=48)
 
 
 def test_reservoir_sample_is_uniform_and_keeps_stream_order():
@@ -145,7 +144,7 @@ def test_reservoir_sample_is_uniform_and_keeps_stream_order():
 
 
 def test_collate_stacks_chosen_then_rejected_with_reference_logps():
-    ds = DPODataset(PAIRS[:3], TOK, max_length=64)
+    ds = DPODataset(PAIRS[:3], TOK, seq_len=64)
     ds.set_reference(torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]]))
     batch = ds.collate([ds[0], ds[2]])
     assert batch["input_ids"].shape[0] == 4
@@ -157,7 +156,7 @@ def test_collate_stacks_chosen_then_rejected_with_reference_logps():
 
 
 def test_sequence_logprobs_head_on_answers_only_equals_full_logits():
-    model, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    model, ds = tiny_model(), DPODataset(PAIRS, TOK, seq_len=64)
     batch = ds.collate([ds[i] for i in range(len(ds))])
     fast = sequence_logprobs(model, batch["input_ids"], batch["labels"])
     full = answer_logprobs(model(batch["input_ids"]).logits, batch["labels"])
@@ -168,7 +167,7 @@ def test_sequence_logprobs_head_on_answers_only_equals_full_logits():
 
 
 def test_pair_logprobs_do_not_depend_on_batching():
-    model, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    model, ds = tiny_model(), DPODataset(PAIRS, TOK, seq_len=64)
     one = pair_logprobs(model, ds, batch_size=1, device="cpu", precision="fp32")
     many = pair_logprobs(model, ds, batch_size=5, device="cpu", precision="fp32")
     # right padding never reaches real tokens (causal attention); fp32 sums of ~10 log-probs
@@ -182,7 +181,7 @@ def test_pair_logprobs_do_not_depend_on_batching():
 
 
 def test_loss_is_ln2_and_rewards_zero_when_policy_equals_reference():
-    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, seq_len=64)
     batch = ds.collate([ds[i] for i in range(len(ds))])
     loss, metrics = DPOLoss(beta=0.1, reference=frozen_copy(policy))(policy, batch)
     assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
@@ -197,7 +196,7 @@ def test_loss_is_ln2_and_rewards_zero_when_policy_equals_reference():
 
 
 def test_gradients_reach_the_policy_only_and_training_leaves_the_reference_unchanged():
-    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, seq_len=64)
     reference = frozen_copy(policy)
     assert not reference.training and not any(p.requires_grad for p in reference.parameters())
     loss, _ = DPOLoss(beta=0.1, reference=reference)(policy, ds.collate([ds[0], ds[1]]))
@@ -224,7 +223,7 @@ def test_train_dpo_live_and_precomputed_reference_agree():
     # inputs, so fp32 results may differ only by summation-order rounding (1e-5)
     runs = []
     for precompute in (True, False):
-        policy, ds = tiny_model(), DPODataset(PAIRS, TOK, max_length=64)
+        policy, ds = tiny_model(), DPODataset(PAIRS, TOK, seq_len=64)
         config = TrainConfig(batch_size=4, max_steps=4, warmup_steps=0, learning_rate=1e-2,
                              precision="fp32", device="cpu", progress=False)
         runs.append(train_dpo(policy, ds, config, precompute_reference=precompute))
@@ -255,10 +254,10 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
               progress=False)
     save_model(sft, tmp_path / "sft")
 
-    ctx = pipeline.StageContext("dpo", profile, tmp_path, device="cpu", precision="fp32",
+    ctx = StageContext("dpo", profile, tmp_path, device="cpu", precision="fp32",
                                 progress=False)
     ctx.out_dir.mkdir()
-    summary = pipeline.STAGES["dpo"].run(ctx)
+    summary = STAGES["dpo"].run(ctx)
     acc = summary["preference_accuracy"]
     assert acc["dpo_logprob"] > acc["sft_logprob"], acc
     assert acc["dpo_reward"] > 0.5, acc

@@ -17,11 +17,11 @@ from minimind_lib.evaluate import (
     char_f1,
     evaluate_sft,
     exact_match,
-    format_table,
     generate_answers,
     load_eval_records,
     perplexity,
     prompt_messages,
+    question_table,
     reference,
     score_answers,
     select_per_task,
@@ -141,7 +141,7 @@ def test_score_answers_summarize_and_table():
     pooled = summarize(scores)
     assert list(pooled) == ["skill", "knowledge", "all"]
     assert pooled["all"].n == 4 and pooled["all"].format_rate == 0.75
-    table = format_table({"before": scores, "after": scores})
+    table = question_table({"before": scores, "after": scores})
     assert table.splitlines()[0].startswith("| task | family | n | exact-match before | exact-match after")
     assert "| poet | knowledge | 2 | 50.0% | 50.0% | 50.0% | 50.0% | 50.0% | 50.0% |" in table
     assert "| **all** |  | 4 |" in table

@@ -83,8 +83,8 @@ def test_profiles_grow_from_smoke_to_full():
     assert full.model == MiniMindConfig()  # MiniMind2-Small exactly
     assert smoke.model.hidden_size < cpu.model.hidden_size < full.model.hidden_size
     for stage in ("pretrain", "sft", "dpo"):
-        assert smoke.stage(stage).max_steps <= cpu.stage(stage).max_steps
-        s = cpu.stage(stage)
+        assert getattr(smoke, stage).max_steps <= getattr(cpu, stage).max_steps
+        s = getattr(cpu, stage)
         assert s.seq_len <= cpu.model.max_position_embeddings
         assert 0 <= s.warmup_steps < s.max_steps
 

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minimind_lib import DATA_DIR, pipeline
+from minimind_lib import DATA_DIR, pipeline, stages
 from minimind_lib.__main__ import main
 from minimind_lib.checkpoint import load_model
+from minimind_lib.files import MARKER_FILE
 from minimind_lib.plotting import read_metrics
 from minimind_lib.profiles import get_profile
 
@@ -39,7 +40,7 @@ def test_pretrain_output_is_a_model_folder(smoke_runs):
     assert model.config == get_profile("smoke").model
     ids = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, temperature=0)
     assert ids.shape == (1, 7)
-    marker = json.loads((out / pipeline.MARKER).read_text())
+    marker = json.loads((out / MARKER_FILE).read_text())
     assert marker["summary"]["steps"] == 80 and marker["summary"]["val_windows"] > 0
     assert (smoke_runs / "tokenizer" / "tokenizer.json").read_bytes() == (
         DATA_DIR / "tokenizer" / "tokenizer.json").read_bytes()
@@ -49,7 +50,7 @@ def test_ensure_reuses_a_complete_stage(smoke_runs, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("ensure retrained a complete stage")
 
-    monkeypatch.setattr(pipeline, "train", no_training)
+    monkeypatch.setattr(stages, "train", no_training)
     assert pipeline.ensure("pretrain", "smoke", root=smoke_runs) == smoke_runs / "pretrain"
 
 
@@ -65,17 +66,17 @@ def test_a_failed_stage_leaves_no_marker(tmp_path, monkeypatch):
         (ctx.out_dir / "half.txt").write_text("partial")
         raise RuntimeError("killed")
 
-    monkeypatch.setitem(pipeline.STAGES, "boom", pipeline.Stage("boom", boom))
+    monkeypatch.setitem(stages.STAGES, "boom", stages.Stage("boom", boom))
     with pytest.raises(RuntimeError, match="killed"):
         pipeline.ensure("boom", "smoke", root=tmp_path)
-    assert not (tmp_path / "boom" / pipeline.MARKER).exists()
+    assert not (tmp_path / "boom" / MARKER_FILE).exists()
     assert not pipeline.is_complete("boom", get_profile("smoke"), tmp_path)
 
 
 def test_a_second_process_waits_and_reuses_the_finished_stage(tmp_path, monkeypatch):
     fcntl = pytest.importorskip("fcntl")
     runs = []
-    monkeypatch.setitem(pipeline.STAGES, "slow", pipeline.Stage("slow", lambda ctx: runs.append(1)))
+    monkeypatch.setitem(stages.STAGES, "slow", stages.Stage("slow", lambda ctx: runs.append(1)))
     profile = get_profile("smoke")
     (tmp_path / "slow").mkdir()
     with open(tmp_path / "slow" / ".lock", "w") as held:  # "another process" runs the stage
@@ -86,7 +87,7 @@ def test_a_second_process_waits_and_reuses_the_finished_stage(tmp_path, monkeypa
         waiter.join(timeout=0.5)
         assert waiter.is_alive() and not runs  # blocked on the lock, not running the stage
         marker = {"run_id": "x", "fingerprint": pipeline.fingerprint("slow", profile, tmp_path)}
-        (tmp_path / "slow" / pipeline.MARKER).write_text(json.dumps(marker))
+        (tmp_path / "slow" / MARKER_FILE).write_text(json.dumps(marker))
         fcntl.flock(held, fcntl.LOCK_UN)
     waiter.join()
     assert not runs  # it found the other process's finished output
@@ -101,4 +102,4 @@ def test_cli_has_a_subcommand_per_stage(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert all(name in out for name in pipeline.STAGES)
+    assert all(name in out for name in stages.STAGES)

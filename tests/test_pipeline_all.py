@@ -8,13 +8,13 @@ import pytest
 
 import minimind_lib.__main__ as cli
 from minimind_lib.checkpoint import load_model
-from minimind_lib.pipeline import read_marker
+from minimind_lib.files import FIGURES_DIR, REPORT_FILE
+from minimind_lib.pipeline import find_model_dir, stages_in_all
 from minimind_lib.profiles import get_profile
 from minimind_lib.quantize import QuantLinear, model_size_bytes
-from minimind_lib.report import FIGURES_DIR, REPORT_FILE
-from minimind_lib.serve import find_model_dir
+from minimind_lib.stages import read_marker
 
-STAGES = ("tokenizer", "pretrain", "sft", "dpo", "quantize")
+STAGES = tuple(s.name for s in stages_in_all())
 
 
 def tiny_smoke():

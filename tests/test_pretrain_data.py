@@ -7,7 +7,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from minimind_lib.data import DataFormatError, PretrainDataset, load_pretrain_split, pretokenize
+from minimind_lib.data import DataFormatError, PretrainDataset, load_pretrain_split, tokenize_corpus
 
 DOCS = [f"document {i}: the cat sat on mat number {i * 7}." for i in range(40)]
 
@@ -35,7 +35,7 @@ def split_docs(stream: np.ndarray, eos: int) -> list[list[int]]:
 
 def test_stream_is_documents_joined_by_eos(corpus, tmp_path):
     path, tok_path, tok = corpus
-    out = pretokenize([path], tok_path, tmp_path / "data", val_fraction=0.1, docs_per_batch=7,
+    out = tokenize_corpus([path], tok_path, tmp_path / "data", val_fraction=0.1, docs_per_batch=7,
                       progress=False)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["dtype"] == "uint16" and meta["eos_id"] == 0
@@ -53,7 +53,7 @@ def test_stream_is_documents_joined_by_eos(corpus, tmp_path):
 
 def test_max_examples_caps_the_documents(corpus, tmp_path):
     path, tok_path, _ = corpus
-    out = pretokenize([path], tok_path, tmp_path / "d", max_examples=5, val_fraction=0,
+    out = tokenize_corpus([path], tok_path, tmp_path / "d", max_examples=5, val_fraction=0,
                       progress=False)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["splits"]["train"]["documents"] == 5 and meta["splits"]["val"]["tokens"] == 0
@@ -61,11 +61,11 @@ def test_max_examples_caps_the_documents(corpus, tmp_path):
 
 def test_second_call_reuses_and_changed_inputs_rebuild(corpus, tmp_path):
     path, tok_path, _ = corpus
-    out = pretokenize([path], tok_path, tmp_path / "d", progress=False)
+    out = tokenize_corpus([path], tok_path, tmp_path / "d", progress=False)
     stamp = (out / "train.bin").stat().st_mtime_ns
-    pretokenize([path], tok_path, tmp_path / "d", progress=False)
+    tokenize_corpus([path], tok_path, tmp_path / "d", progress=False)
     assert (out / "train.bin").stat().st_mtime_ns == stamp  # reused
-    pretokenize([path], tok_path, tmp_path / "d", max_examples=10, progress=False)
+    tokenize_corpus([path], tok_path, tmp_path / "d", max_examples=10, progress=False)
     assert json.loads((out / "meta.json").read_text())["splits"]["train"]["documents"] < 40
 
 
@@ -74,10 +74,10 @@ def test_a_bad_line_names_file_and_line_and_leaves_no_meta(corpus, tmp_path):
     with path.open("a") as f:
         f.write('{"txt": "oops"}\n')
     with pytest.raises(DataFormatError, match=r"pretrain.jsonl:41: field 'text' is missing"):
-        pretokenize([path], tok_path, tmp_path / "d", progress=False)
+        tokenize_corpus([path], tok_path, tmp_path / "d", progress=False)
     assert not (tmp_path / "d" / "meta.json").exists()  # never mistaken for a finished output
     assert not list((tmp_path / "d").glob("*.tmp-*"))  # and no half-written streams left
-    with pytest.raises(FileNotFoundError, match="pretokenize did not finish"):
+    with pytest.raises(FileNotFoundError, match="tokenize_corpus did not finish"):
         load_pretrain_split(tmp_path / "d", "train", 8)
 
 

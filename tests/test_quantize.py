@@ -12,24 +12,20 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from minimind_lib.checkpoint import CheckpointMismatchError, load_model, save_model
+from minimind_lib.files import QUANT_FILE
+from minimind_lib.formats import build_formats, compare_formats, formats_table
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.quantize import (
     QMAX,
-    QUANT_FILE,
     QuantEmbedding,
     QuantLinear,
     absmax_quantize,
-    build_formats,
     cast_model,
-    compare_formats,
     dequantize,
-    format_table,
-    load_quantized,
     model_size_bytes,
     quantization_groups,
     quantize_dynamic_torch,
     quantize_int8,
-    save_quantized,
     torch_int8_unavailable,
 )
 from minimind_lib.train import TrainConfig, train
@@ -152,8 +148,8 @@ def test_casts_halve_the_size():
 
 def test_save_load_round_trip(tmp_path):
     qm = quantize_int8(tiny_model())
-    save_quantized(qm, tmp_path / "q")
-    loaded = load_quantized(tmp_path / "q")
+    save_model(qm, tmp_path / "q")
+    loaded = load_model(tmp_path / "q")
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     for (k, a), (k2, b) in zip(qm.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k == k2 and a.dtype == b.dtype and torch.equal(a, b), k
@@ -170,21 +166,23 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_load_is_strict(tmp_path):
-    save_quantized(quantize_int8(tiny_model()), tmp_path)
+    save_model(quantize_int8(tiny_model()), tmp_path)
     meta = json.loads((tmp_path / QUANT_FILE).read_text())
     meta["groups"] = meta["groups"][1:]  # claims the embedding is fp32: the file disagrees
     (tmp_path / QUANT_FILE).write_text(json.dumps(meta))
     with pytest.raises(CheckpointMismatchError, match="model.safetensors"):
-        load_quantized(tmp_path)
+        load_model(tmp_path)
     meta["groups"] = [["model.norm"]]
     (tmp_path / QUANT_FILE).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="model.norm"):
-        load_quantized(tmp_path)
+        load_model(tmp_path)
     (tmp_path / QUANT_FILE).write_text(json.dumps({"format": "int4"}))
     with pytest.raises(ValueError, match="int4"):
-        load_quantized(tmp_path)
-    with pytest.raises(ValueError, match="no int8 layers"):
-        save_quantized(tiny_model(), tmp_path / "x")
+        load_model(tmp_path)
+    # a plain model saved over an int8 folder leaves a plain folder, never a half-int8 one
+    save_model(tiny_model(), tmp_path)
+    assert not (tmp_path / QUANT_FILE).exists()
+    assert isinstance(load_model(tmp_path).lm_head, nn.Linear)
 
 
 # --------------------------------------------------------------------------- quality, trained
@@ -261,7 +259,7 @@ def test_compare_formats_table(trained):
         if not r.note:
             assert r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
             assert abs(r.metrics["ppl"] / by["fp32"].metrics["ppl"] - 1) < 0.03, r
-    table = format_table(rows)
+    table = formats_table(rows)
     assert table.count("\n") == len(rows) + 1 and "| int8 (ours) |" in table
 
 

@@ -14,18 +14,10 @@ import pytest
 import torch
 
 from minimind_lib.checkpoint import save_model
+from minimind_lib.inference import ChatSession, SamplingParams, TextStream, chat_loop, complete
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.serve import (
-    BackgroundServer,
-    ChatSession,
-    SamplingParams,
-    TextStream,
-    chat_loop,
-    complete,
-    create_app,
-    find_model_dir,
-    launch_server_process,
-)
+from minimind_lib.pipeline import find_model_dir
+from minimind_lib.serve import BackgroundServer, create_app, launch_server_process
 from minimind_lib.tokenizer import encode_chat, train_bpe_fast
 
 CONTEXT = 128

@@ -10,13 +10,12 @@ from hypothesis import strategies as st
 
 from minimind_lib import DATA_DIR
 from minimind_lib.data import (
-    IGNORE_INDEX,
     SFTDataset,
-    encode_texts,
     pad_sft_batch,
     read_jsonl,
     sft_example,
 )
+from minimind_lib.model import IGNORE_INDEX
 from minimind_lib.tokenizer import apply_chat_template, encode_chat, load_tokenizer
 
 TOK = load_tokenizer()
@@ -120,7 +119,7 @@ def test_mask_contract_on_random_conversations(messages, system, max_length):
 @settings(max_examples=40, deadline=None)
 @given(texts=st.lists(st.one_of(text, st.just("a<|im_start|>b<|endoftext|>")), max_size=5))
 def test_fast_batch_encoding_equals_the_python_tokenizer(texts):
-    assert encode_texts(TOK, texts) == [TOK.encode(t, allowed_special=set()) for t in texts]
+    assert TOK.encode_batch(texts, allowed_special=set()) == [TOK.encode(t, allowed_special=set()) for t in texts]
 
 
 def chat_of(user: str, reply: str) -> dict:
@@ -131,19 +130,19 @@ def chat_of(user: str, reply: str) -> dict:
 def test_dataset_skips_and_counts_examples_without_supervised_tokens():
     long_question = chat_of("why? " * 60, "because")
     records = [chat_of("1 + 1?", "2"), long_question, chat_of("hi", "hello"), long_question]
-    ds = SFTDataset(records, TOK, max_length=48, progress=False)
+    ds = SFTDataset(records, TOK, seq_len=48, progress=False)
     assert (len(ds), ds.skipped) == (2, 2)
     for k, record in enumerate([records[0], records[2]]):
         ids, labels = sft_example(TOK, record["conversations"], 48)
         assert ds[k]["input_ids"].tolist() == ids and ds[k]["labels"].tolist() == labels
         assert (ds[k]["labels"] != IGNORE_INDEX).any()
     with pytest.raises(ValueError, match="no SFT example has a supervised token"):
-        SFTDataset([long_question], TOK, max_length=48, progress=False)
+        SFTDataset([long_question], TOK, seq_len=48, progress=False)
 
 
 def test_dataset_equals_sft_example_on_bundled_data_and_pads_with_ignore():
     records = list(itertools.islice(read_jsonl(DATA_DIR / "sft_sample.jsonl", "sft"), 300))
-    ds = SFTDataset(records, TOK, max_length=64, chunk_size=128, progress=False)
+    ds = SFTDataset(records, TOK, seq_len=64, chunk_size=128, progress=False)
     assert len(ds) + ds.skipped == len(records)
     assert ds.skipped == sum(all(lab == IGNORE_INDEX for lab in sft_example(TOK, r["conversations"], 64)[1])
                              for r in records)
@@ -159,7 +158,7 @@ def test_dataset_equals_sft_example_on_bundled_data_and_pads_with_ignore():
         assert (batch["labels"][row, n:] == IGNORE_INDEX).all()
         assert (batch["input_ids"][row, n:] == TOK.token_to_id("<|endoftext|>")).all()
         assert torch.equal(batch["input_ids"][row, :n], ds[row]["input_ids"])
-    all_tokens = SFTDataset(records, TOK, max_length=64, answer_only=False, progress=False)
+    all_tokens = SFTDataset(records, TOK, seq_len=64, answer_only=False, progress=False)
     assert len(all_tokens) == len(ds)  # the same examples, only the labels differ
     assert torch.equal(all_tokens[3]["labels"], all_tokens[3]["input_ids"])
 
@@ -186,11 +185,10 @@ def test_padded_batch_gives_each_row_its_unpadded_loss():
 
 def test_sft_stage_writes_a_model_metrics_and_before_after_eval(smoke_runs):
     from minimind_lib.checkpoint import load_model
-    from minimind_lib.evaluate import summarize
-    from minimind_lib.pipeline import read_marker
+    from minimind_lib.evaluate import read_eval, summarize
     from minimind_lib.plotting import read_metrics
     from minimind_lib.profiles import get_profile
-    from minimind_lib.sft import read_eval
+    from minimind_lib.stages import read_marker
 
     profile, out = get_profile("smoke"), smoke_runs / "sft"
     assert load_model(out).config == profile.model

@@ -1,0 +1,84 @@
+"""File names and atomic writes: the one place that knows what a run folder holds.
+
+Every file the library writes has its name here, so a reader (and ``grep``) finds one
+definition.  Writes are atomic: a file is written under a temporary name, flushed to disk, then
+renamed over its target (``os.replace`` is atomic on POSIX and Windows), so a kill at any moment
+leaves either the old file or the new one, never half of one.
+
+>>> import tempfile
+>>> p = Path(tempfile.mkdtemp()) / "x.txt"
+>>> atomic_write_text(p, "hello")
+>>> p.read_text()
+'hello'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# --- a model folder (``checkpoint.save_model`` / ``load_model``) ---------------------------
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"  # the MiniMindConfig fields as one flat json object
+QUANT_FILE = "quantization.json"  # present in int8 folders: the format and the int8 groups
+TOKENIZER_FILE = "tokenizer.json"  # HF tokenizer.json
+
+# --- a training run (``train.train``) -------------------------------------------------------
+METRICS_FILE = "metrics.jsonl"  # one json object per optimizer step
+CHECKPOINTS_DIR = "checkpoints"  # step_NNNNNNN/ folders and the ``latest`` pointer
+LATEST_FILE = "latest"
+STATE_FILE = "train_state.pt"  # optimizer, scaler, RNG, data position
+PRETOKENIZED_META = "meta.json"  # beside train.bin / val.bin (``data.tokenize_corpus``)
+
+# --- a stage folder (``pipeline.ensure``) and the run report ---------------------------------
+MARKER_FILE = "stage.json"  # written last: the stage finished, and from what
+EVAL_FILE = "eval.json"  # held-out scores of the models a stage compares
+FORMATS_FILE = "formats.md"  # the quantize stage's format table
+REPORT_FILE = "report.md"
+FIGURES_DIR = "figures"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a folder's entries to disk (after a rename inside it)."""
+    if os.name == "posix":  # a rename is durable only once its folder entry is flushed
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it over ``path``.
+
+    If the body raises (or the process dies), ``path`` keeps its old content and the
+    temporary file is removed (or left as ``*.tmp-<pid>``, ignored by every reader).
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "x.txt"
+    >>> with atomic_path(p) as tmp:
+    ...     _ = tmp.write_text("hello")
+    >>> p.read_text()
+    'hello'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see ``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+

@@ -1,0 +1,310 @@
+"""The course's stages: each turns the previous stage's folder into its own (notebooks 04-08).
+
+This is the stage layer: it imports the concept modules (tokenizer, data, model, train, sft,
+dpo, quantize, formats, evaluate, checkpoint) and never the other way round. A stage is a
+function ``fn(ctx: StageContext) -> dict`` registered with ``@register``: it writes
+``ctx.out_dir`` and returns a json-able summary. ``minimind_lib.pipeline.ensure`` runs it (and
+its prerequisites) when its output is missing or stale, and each registered stage is a CLI
+command (``python -m minimind_lib <stage>``). The registry is the one list of stages: its order
+is the stage order everywhere (``all``, the report, the default model of ``serve``).
+
+A new stage goes here::
+
+    @register("lora", requires=("sft",), description="...", in_all=False)
+    def lora_stage(ctx: StageContext) -> dict:
+        base = load_model(ctx.init_dir("sft"))  # a load_model folder
+        ...                                     # train into ctx.out_dir; return a summary
+
+>>> list(STAGES)
+['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize']
+>>> STAGES["sft"].requires
+('pretrain',)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from minimind_lib.checkpoint import load_model, save_model
+from minimind_lib.data import dataset_files, load_pretrain_split, tokenize_corpus
+from minimind_lib.device import seed_everything
+from minimind_lib.dpo import DPODataset, evaluate_preferences, held_out_pairs, train_dpo
+from minimind_lib.evaluate import (
+    ModelEval,
+    eval_report,
+    evaluate_model,
+    read_eval,
+    summarize,
+    summarize_preferences,
+)
+from minimind_lib.files import (
+    EVAL_FILE,
+    FORMATS_FILE,
+    MARKER_FILE,
+    METRICS_FILE,
+    PRETOKENIZED_META,
+    TOKENIZER_FILE,
+    atomic_write_text,
+)
+from minimind_lib.formats import formats_table, measure_formats
+from minimind_lib.model import MiniMindForCausalLM
+from minimind_lib.profiles import Profile
+from minimind_lib.quantize import FORMAT as INT8_FORMAT
+from minimind_lib.quantize import quantize_int8
+from minimind_lib.sft import train_sft
+from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, BPETokenizer
+from minimind_lib.train import TrainConfig, init_distributed, train
+
+
+@dataclass
+class StageContext:
+    """What a stage function gets: the profile, where to write and how to run."""
+
+    stage: str
+    profile: Profile
+    root: Path  # <root>/<stage>/ for every stage
+    resume: bool = False
+    device: str | None = None
+    precision: str = "auto"
+    progress: bool = True
+    callbacks: list[Callable[[dict], None]] = field(default_factory=list)
+
+    def dir(self, stage: str) -> Path:
+        """The output folder of ``stage`` (e.g. a prerequisite's)."""
+        return self.root / stage
+
+    @property
+    def out_dir(self) -> Path:
+        return self.dir(self.stage)
+
+    def tokenizer(self) -> BPETokenizer:
+        """The run's tokenizer (the ``tokenizer`` stage's copy)."""
+        return BPETokenizer.from_file(self.dir("tokenizer") / TOKENIZER_FILE)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[StageContext], dict]  # writes ctx.out_dir; returns a json-able summary
+    requires: tuple[str, ...] = ()
+    description: str = ""
+    distributed: bool = False  # True: every torchrun rank runs it; False: rank 0 only
+    data_schema: str | None = None  # its data files enter the fingerprint
+    in_all: bool = True  # part of ``python -m minimind_lib all``
+    serves: bool = False  # its folder is a chat model `serve` / `chat` may pick by default
+
+
+STAGES: dict[str, Stage] = {}
+
+
+def register(name: str, *, requires: tuple[str, ...] = (), description: str = "",
+             distributed: bool = False, data_schema: str | None = None, in_all: bool = True,
+             serves: bool = False):
+    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure`` and the CLI)."""
+    def wrap(fn: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
+        missing = [r for r in requires if r not in STAGES]
+        if missing:
+            raise ValueError(f"stage {name!r} requires {missing}, registered after it")
+        STAGES[name] = Stage(name, fn, requires, description, distributed, data_schema, in_all,
+                             serves)
+        return fn
+    return wrap
+
+
+def get_stage(name: str) -> Stage:
+    """The registered stage ``name``; an unknown name is an error listing the stages."""
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def read_marker(stage_dir: Path) -> dict | None:
+    """The ``stage.json`` of a finished stage, or None."""
+    path = Path(stage_dir) / MARKER_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _training_summary(rows: list[dict], steps: int) -> dict:
+    last = rows[-1] if rows else {}
+    return {"steps": steps, "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
+            "tokens": last.get("tokens"), "metrics": METRICS_FILE}
+
+
+def _write_eval(out_dir: Path, per_task: int, evals: dict[str, ModelEval], **extra: object) -> None:
+    atomic_write_text(out_dir / EVAL_FILE, json.dumps(
+        {"per_task": per_task, **extra,
+         "models": {name: e.to_dict() for name, e in evals.items()}}, indent=2) + "\n")
+
+
+def _evaluate(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext) -> ModelEval:
+    return evaluate_model(model, tokenizer, per_task=ctx.profile.eval_per_task,
+                          seq_len=ctx.profile.sft.seq_len, progress=ctx.progress)
+
+
+# --- the stages, in order ------------------------------------------------------------------
+
+
+@register("tokenizer", description="copy the course tokenizer (data/tokenizer/) into the run")
+def tokenizer_stage(ctx: StageContext) -> dict:
+    source = COURSE_TOKENIZER_DIR / TOKENIZER_FILE
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: the course tokenizer is missing; rebuild data/ with "
+                                "`make data` (scripts/build_data.py) or train one in notebook 01")
+    for f in sorted(COURSE_TOKENIZER_DIR.iterdir()):
+        if f.is_file():
+            shutil.copyfile(f, ctx.out_dir / f.name)
+    return {"source": str(COURSE_TOKENIZER_DIR)}
+
+
+@register("pretrain", requires=("tokenizer",), distributed=True, data_schema="pretrain",
+          serves=True, description="pretrain the profile's model on the pretraining text")
+def pretrain_stage(ctx: StageContext) -> dict:
+    """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
+    from scratch on its windows, validating on the held-out split."""
+    settings, info = ctx.profile.pretrain, init_distributed()
+    data_dir = ctx.out_dir / "data"
+    if info.is_main:  # one rank tokenises; the others wait, then read the same memmap
+        tokenize_corpus(dataset_files("pretrain"), ctx.dir("tokenizer") / TOKENIZER_FILE,
+                        data_dir, max_examples=settings.max_examples, progress=ctx.progress)
+    if info.world_size > 1:
+        dist.barrier()
+    meta = json.loads((data_dir / PRETOKENIZED_META).read_text())
+    if meta["vocab_size"] > ctx.profile.model.vocab_size:
+        raise ValueError(f"the tokenizer has {meta['vocab_size']} tokens but the profile's model "
+                         f"vocab_size is {ctx.profile.model.vocab_size}")
+    train_set = load_pretrain_split(data_dir, "train", settings.seq_len)
+    has_val = meta["splits"]["val"]["tokens"] > settings.seq_len + 1
+    val_set = load_pretrain_split(data_dir, "val", settings.seq_len) if has_val else None
+
+    seed_everything(ctx.profile.seed)
+    model = MiniMindForCausalLM(ctx.profile.model)
+    config = TrainConfig.from_stage(settings, out_dir=ctx.out_dir, precision=ctx.precision,
+                                    device=ctx.device, seed=ctx.profile.seed,
+                                    progress=ctx.progress)
+    rows = train(model, train_set, config, eval_dataset=val_set, resume=ctx.resume,
+                 callbacks=ctx.callbacks)
+    if info.is_main:
+        save_model(model.cpu(), ctx.out_dir)
+    return {**_training_summary(rows, config.max_steps), "train_windows": len(train_set),
+            "val_windows": len(val_set) if val_set is not None else 0}
+
+
+@register("sft", requires=("pretrain",), distributed=True, data_schema="sft", serves=True,
+          description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
+                      "evaluates before and after")
+def sft_stage(ctx: StageContext) -> dict:
+    """``ctx.dir("pretrain")`` → fine-tuned model in ``ctx.out_dir`` (model.safetensors,
+    config.json, metrics.jsonl, eval.json with the held-out scores before and after)."""
+    profile, info = ctx.profile, init_distributed()
+    tokenizer = ctx.tokenizer()
+    model = load_model(ctx.dir("pretrain"))
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the pretrained model's "
+                         f"vocab_size is {model.config.vocab_size}")
+    before = _evaluate(model, tokenizer, ctx) if info.is_main else None
+    run = train_sft(model, tokenizer, profile.sft, seed=profile.seed, out_dir=ctx.out_dir,
+                    resume=ctx.resume, precision=ctx.precision, device=ctx.device,
+                    progress=ctx.progress, callbacks=ctx.callbacks)
+    if not info.is_main:
+        return {}
+    model = model.cpu()
+    save_model(model, ctx.out_dir)
+    evals = {"pretrain": before, "sft": _evaluate(model, tokenizer, ctx)}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals)
+    print(eval_report(evals))
+    return {**_training_summary(run.rows, profile.sft.max_steps), "examples": run.examples,
+            "skipped": run.skipped, "eval": EVAL_FILE,
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "perplexity": {n: e.perplexity for n, e in evals.items()}}
+
+
+@register("dpo", requires=("sft",), data_schema="dpo", serves=True,
+          description="direct preference optimization of the SFT model against its frozen copy; "
+                      "evaluates before and after")
+def dpo_stage(ctx: StageContext) -> dict:
+    """``ctx.dir("sft")`` → DPO-aligned model in ``ctx.out_dir`` with ``profile.dpo``; the
+    reference is the SFT model, its log-probs precomputed. Prints the held-out before/after
+    tables: preference accuracy, then exact-match and format rate."""
+    profile, settings = ctx.profile, ctx.profile.dpo
+    tokenizer = ctx.tokenizer()
+    policy = load_model(ctx.dir("sft"))
+    # subtle: a run visits max_steps x batch pairs. Keep a seeded uniform sample of that many
+    # instead of tokenising and scoring every pair of a big file (MiniMind's dpo.jsonl: ~200k
+    # pairs; the full profile visits 8,000): the same distribution, a fraction of the work
+    visited = settings.max_steps * settings.batch_size * settings.accumulation_steps
+    train_set = DPODataset.from_files(dataset_files("dpo"), tokenizer, settings.seq_len,
+                                      max_examples=settings.max_examples, sample=visited,
+                                      seed=profile.seed)
+    held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
+    has_sft_eval = (ctx.dir("sft") / EVAL_FILE).is_file()
+    sft_eval = read_eval(ctx.dir("sft")).get("sft") if has_sft_eval else None
+    if sft_eval is None:
+        sft_eval = _evaluate(policy, tokenizer, ctx)
+
+    config = TrainConfig.from_stage(settings, out_dir=ctx.out_dir, precision=ctx.precision,
+                                    device=ctx.device, seed=profile.seed, progress=ctx.progress)
+    rows = train_dpo(policy, train_set, config, beta=settings.beta, eval_set=held_out,
+                     resume=ctx.resume, callbacks=ctx.callbacks)
+    prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
+                                 device=ctx.device)
+    policy = policy.cpu()
+    save_model(policy, ctx.out_dir)
+    evals = {"sft": sft_eval, "dpo": _evaluate(policy, tokenizer, ctx)}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals, beta=settings.beta,
+                preference=prefs.to_dict())
+    print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
+          + eval_report(evals))
+    before, after = (summarize_preferences(p)["all"] for p in (prefs.sft, prefs.dpo))
+    return {**_training_summary(rows, settings.max_steps), "pairs": len(train_set),
+            "dropped": train_set.dropped, "eval": EVAL_FILE,
+            "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
+                                    "dpo_logprob": after.logprob_accuracy,
+                                    "dpo_reward": after.reward_accuracy},
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
+
+
+@register("quantize", requires=("dpo",),
+          description="int8 weight-only quantisation of the DPO model; size, speed and quality "
+                      "of fp32/fp16/bf16/int8")
+def quantize_stage(ctx: StageContext) -> dict:
+    """The ``dpo`` stage's model in int8 (a ``load_model`` folder with the tokenizer files beside
+    it, so ``serve --model`` works on it), and the format table measured on it: ``eval.json``
+    (per format: held-out perplexity and question scores), ``formats.md`` and ``metrics.jsonl``
+    (one row per format: size, prefill and decode speed, perplexity, exact-match)."""
+    source, profile = "dpo", ctx.profile
+    model = load_model(ctx.dir(source))
+    qmodel = quantize_int8(model)
+    save_model(qmodel, ctx.out_dir)
+    with torch.no_grad():  # what is on disk is what we made (and load_model is strict)
+        probe = torch.arange(min(16, model.config.vocab_size))[None]  # (1, 16)
+        if not torch.equal(load_model(ctx.out_dir)(probe).logits, qmodel(probe).logits):
+            raise RuntimeError(f"{ctx.out_dir}: the reloaded int8 model differs from the saved one")
+    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
+        if f.name != MARKER_FILE:
+            shutil.copyfile(f, ctx.out_dir / f.name)
+
+    result = measure_formats(model, ctx.tokenizer(), eval_per_task=profile.eval_per_task,
+                             seq_len=profile.sft.seq_len,
+                             prompt_len=min(256, profile.pretrain.seq_len), device=ctx.device,
+                             progress=ctx.progress)
+    rows = result.rows
+    _write_eval(ctx.out_dir, result.per_task, result.evals,
+                perplexity_tokens=result.perplexity_tokens)
+    atomic_write_text(ctx.out_dir / METRICS_FILE,
+                      "".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    table = formats_table(rows)
+    atomic_write_text(ctx.out_dir / FORMATS_FILE, table + "\n")
+    print(table)
+    done = [r for r in rows if not r.note]
+    return {"source": source, "format": INT8_FORMAT, "eval": EVAL_FILE, "table": FORMATS_FILE,
+            "size_bytes": {r.name: r.size_bytes for r in done},
+            "perplexity": {r.name: r.metrics["perplexity"] for r in done},
+            "exact_match": {r.name: r.metrics["exact_match"] for r in done},
+            "skipped": {r.name: r.note for r in rows if r.note}}

@@ -1,15 +1,20 @@
-"""GPU check (<= 5 minutes on one GPU): the full 26M config in fp32, bf16 and fp16 + scaler.
+"""GPU check, one prepared script (about 5 minutes on one GPU): what the GPU path promises.
 
-For each precision: ``minimind_lib.train.train`` on MiniMind2-Small (25.8M params) with the
-full profile's micro-batch (32 x 512), a few warm-up steps, then timed steps; reports
-tokens/s, MFU against the GPU's datasheet dense peak for that precision (table below, or
-``--peak-tflops``) and against a matmul measured in the same run, and peak memory. Also
-estimates the full profile's pretraining time at the measured speed. Random tokens (speed
-does not depend on their values). Results also go to ``--json`` if given.
+1. **Speed and memory** of MiniMind2-Small with ``minimind_lib.train.train``, per row: the gpu
+   profile's micro-batch (16 x 512) in fp32, bf16, fp16 + GradScaler, bf16 + torch.compile,
+   bf16 + activation checkpointing; the full profile's (32 x 512) in bf16 and bf16 + compile.
+   Tokens/s (median of the timed steps), MFU against the datasheet's dense peak (``--gpu-tflops``
+   overrides) and against a matmul measured here, peak memory next to ``minimind_lib.memory``'s
+   prediction. Random tokens (speed does not depend on their values).
+2. **The seed blog's AMP claims**, measured: bf16 / fp16 speed-up over fp32, and memory saved.
+3. **200 real steps** of the gpu profile on the bundled pretraining text: loss at the start and
+   the end, validation loss, tokens/s, and the profile's planned time at that speed.
 
-Without a CUDA GPU it prints a note and exits 0 (``make bench`` runs every benchmark).
+Without a CUDA GPU it prints a note and exits 0 (``make bench`` runs every benchmark);
+``--dry-run`` runs every part with a tiny model on the CPU (the test suite does, so the script
+stays runnable). ``--json FILE`` writes every figure.
 
-    python benchmarks/gpu_check.py [--steps 20] [--compile] [--json results.json]
+    python benchmarks/gpu_check.py [--steps 20] [--real-steps 200] [--json gpu_check.json]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,96 +33,165 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_bench import matmul_peak_flops, token_file  # noqa: E402
 
-from minimind_lib.data import PretrainDataset  # noqa: E402
+from minimind_lib.data import (  # noqa: E402
+    PretrainDataset,
+    dataset_files,
+    load_pretrain_split,
+    tokenize_corpus,  # noqa: E402
+)
 from minimind_lib.device import pick_precision  # noqa: E402
-from minimind_lib.model import MiniMindForCausalLM  # noqa: E402
+from minimind_lib.memory import training_breakdown  # noqa: E402
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+from minimind_lib.plan import GPU_TFLOPS  # noqa: E402
 from minimind_lib.profiles import get_profile  # noqa: E402
+from minimind_lib.tokenizer import COURSE_TOKENIZER  # noqa: E402
 from minimind_lib.train import TrainConfig, flops_per_token, train  # noqa: E402
 
-# dense (no sparsity) peak TFLOP/s: fp32 on CUDA cores (no TF32), bf16/fp16 on tensor cores
-# with fp32 accumulation; from NVIDIA's datasheets
-PEAKS = {
-    "H200": {"fp32": 67, "bf16": 989, "fp16": 989},
-    "H100 SXM": {"fp32": 67, "bf16": 989, "fp16": 989},
-    "H100 PCIe": {"fp32": 51, "bf16": 756, "fp16": 756},
-    "A100": {"fp32": 19.5, "bf16": 312, "fp16": 312},
-    "L40S": {"fp32": 91.6, "bf16": 362, "fp16": 362},
-    "RTX 4090": {"fp32": 82.6, "bf16": 165, "fp16": 165},
-    "RTX 3090": {"fp32": 35.6, "bf16": 71, "fp16": 71},
-    "A10": {"fp32": 31.2, "bf16": 125, "fp16": 125},
-    "T4": {"fp32": 8.1, "bf16": 0, "fp16": 65},
-}
+# dense peak TFLOP/s (no sparsity): fp32 on CUDA cores, bf16/fp16 tensor cores with fp32
+# accumulation, from NVIDIA's datasheets; names are matched as substrings of the device name
+PEAKS = {"H200": (67, 989), "H100": (67, 989), "A100": (19.5, 312), "L40S": (91.6, 362),
+         "RTX 4090": (82.6, 165.2), "RTX 3090": (35.6, 71), "RTX 4060": (15.1, 30.2),
+         "RTX 3060": (12.7, 25.4), "A10": (31.2, 125), "T4": (8.1, 65)}
+#: (label, profile, precision, compile, checkpointing)
+ROWS = [("gpu fp32", "gpu", "fp32", False, False), ("gpu bf16", "gpu", "bf16", False, False),
+        ("gpu fp16+scaler", "gpu", "fp16", False, False),
+        ("gpu bf16+compile", "gpu", "bf16", True, False),
+        ("gpu bf16+ckpt", "gpu", "bf16", False, True),
+        ("full bf16", "full", "bf16", False, False),
+        ("full bf16+compile", "full", "bf16", True, False)]
 
 
 def datasheet_peak(name: str, precision: str) -> float | None:
-    for key, peaks in PEAKS.items():
-        if all(part in name for part in key.split()):
-            return peaks[precision] * 1e12 or None
+    for key, (fp32, half) in PEAKS.items():
+        if key in name:
+            return (fp32 if precision == "fp32" else half) * 1e12
     return None
+
+
+def speed_row(label: str, profile_name: str, precision: str, compiled: bool, ckpt: bool,
+              args: argparse.Namespace, device: torch.device, model_config: MiniMindConfig,
+              tmp: Path) -> dict:
+    s = get_profile(profile_name).pretrain
+    batch = s.batch_size if not args.dry_run else 2
+    seq = s.seq_len if not args.dry_run else 32
+    steps = args.warmup + args.steps
+    data = PretrainDataset(token_file(tmp, batch * (seq + 1) * (steps + 1),
+                                      model_config.vocab_size), seq)
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(model_config)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    config = TrainConfig(batch_size=batch, seq_len=seq, max_steps=steps, learning_rate=3e-4,
+                         warmup_steps=1, precision=precision, device=device.type,
+                         compile=compiled, gradient_checkpointing=ckpt, progress=False)
+    t0 = time.perf_counter()
+    rows = train(model, data, config)
+    tok_s = statistics.median(r["tokens_per_s"] for r in rows[args.warmup:])
+    fpt = flops_per_token(model_config, seq)
+    sheet = args.gpu_tflops * 1e12 if args.gpu_tflops else datasheet_peak(args.gpu_name, precision)
+    measured = matmul_peak_flops(device, pick_precision(device, precision).dtype,
+                                 n=8192 if device.type == "cuda" else 256)
+    predicted = training_breakdown(model_config, batch, seq,
+                                   "fp32" if precision == "fp32" else "bf16", ckpt)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+    return {"row": label, "batch": batch, "seq_len": seq, "tokens_per_s": tok_s,
+            "mfu_datasheet": fpt * tok_s / sheet if sheet else None,
+            "mfu_measured_matmul": fpt * tok_s / measured, "matmul_tflops": measured / 1e12,
+            "peak_mem_gib": peak / 2**30 if peak is not None else None,
+            "predicted_gib": (predicted.total - predicted.overhead) / 2**30,
+            "final_loss": rows[-1]["loss"], "wall_s": time.perf_counter() - t0}
+
+
+def real_steps(args: argparse.Namespace, device: torch.device, model_config: MiniMindConfig,
+               tmp: Path) -> dict:
+    """The gpu profile's settings for ``--real-steps`` steps on the bundled pretraining text."""
+    profile = get_profile("gpu")
+    s = replace(profile.pretrain, max_steps=args.real_steps, epochs=None,
+                eval_every=max(1, args.real_steps // 4))
+    if args.dry_run:
+        s = replace(s, batch_size=2, seq_len=32)
+    data_dir = tokenize_corpus(dataset_files("pretrain"), COURSE_TOKENIZER, tmp / "data",
+                               max_examples=200 if args.dry_run else None, progress=False)
+    train_set = load_pretrain_split(data_dir, "train", s.seq_len)
+    val_set = load_pretrain_split(data_dir, "val", s.seq_len)
+    torch.manual_seed(profile.seed)
+    model = MiniMindForCausalLM(model_config)
+    config = TrainConfig.from_stage(s, precision="auto", device=device.type, seed=profile.seed,
+                                    progress=False)
+    rows = train(model, train_set, config, eval_dataset=val_set)
+    tok_s = statistics.median(r["tokens_per_s"] for r in rows[3:] or rows)
+    planned = profile.pretrain.planned_steps(len(train_set)) * profile.pretrain.tokens_per_step
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    return {"steps": len(rows), "loss_first": rows[0]["loss"], "loss_last": rows[-1]["loss"],
+            "val_loss": val, "tokens_per_s": tok_s,
+            "gpu_profile_pretrain_minutes": planned / tok_s / 60}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per row")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
-    parser.add_argument("--compile", action="store_true", help="also bf16 with torch.compile")
-    parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--real-steps", type=int, default=200)
+    parser.add_argument("--gpu-tflops", type=float, default=None, help="dense bf16 peak")
+    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.dry_run:
+        device, args.gpu_name = torch.device("cpu"), "CPU (dry run)"
+        model_config = MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2)
+        args.steps, args.warmup, args.real_steps = 2, 1, 4
+    elif not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU here; nothing measured (run it on a GPU machine)")
         return 0
-
-    device = torch.device("cuda")
-    gpu = torch.cuda.get_device_name(0)
-    profile = get_profile("full")
-    s = profile.pretrain
-    fpt = flops_per_token(profile.model, s.seq_len)
-    print(f"{gpu}, torch {torch.__version__}, MiniMind2-Small, micro-batch {s.batch_size}x{s.seq_len}")
-    runs = [(p, False) for p in args.precisions] + ([("bf16", True)] if args.compile else [])
-    results = []
+    else:
+        device, args.gpu_name = torch.device("cuda"), torch.cuda.get_device_name(0)
+        model_config = MiniMindConfig()
+    print(f"{args.gpu_name}, torch {torch.__version__}; datasheet bf16 TFLOP/s used by plan.py: "
+          f"{GPU_TFLOPS}")
     t_all = time.perf_counter()
+    print("| row | micro-batch | tokens/s | MFU (datasheet) | MFU (matmul measured) | peak GiB | "
+          "model GiB (no overhead) | final loss |\n|---|---|---|---|---|---|---|---|")
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        n_tokens = s.batch_size * (s.seq_len + 1) * (args.warmup + args.steps + 1)
-        dataset = PretrainDataset(token_file(Path(tmp), n_tokens, profile.model.vocab_size),
-                                  s.seq_len)
-        for prec, compiled in runs:
-            precision = pick_precision(device, prec)
-            torch.manual_seed(0)
-            model = MiniMindForCausalLM(profile.model)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            config = TrainConfig.from_stage(s, max_steps=args.warmup + args.steps,
-                                            accumulation_steps=1, precision=prec, device="cuda",
-                                            compile=compiled, progress=False)
-            t0 = time.perf_counter()
-            rows = train(model, dataset, config)
-            tok_s = statistics.median(r["tokens_per_s"] for r in rows[args.warmup:])
-            sheet = args.peak_tflops * 1e12 if args.peak_tflops else datasheet_peak(gpu, prec)
-            measured = matmul_peak_flops(device, precision.dtype, n=8192)
-            hours = s.max_steps * s.tokens_per_step / tok_s / 3600
-            results.append({
-                "precision": prec + (" +compile" if compiled else ""), "tokens_per_s": tok_s,
-                "mfu_datasheet": fpt * tok_s / sheet if sheet else None,
-                "mfu_measured_matmul": fpt * tok_s / measured, "matmul_tflops": measured / 1e12,
-                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-                "final_loss": rows[-1]["loss"], "full_pretrain_hours": hours,
-                "wall_s": time.perf_counter() - t0})
-            del model
-    print(f"\n{'precision':<15}{'tokens/s':>11}{'MFU(sheet)':>11}{'MFU(mm)':>9}{'mm TFLOP/s':>11}"
-          f"{'peak GiB':>9}{'full pretrain h':>16}")
-    for r in results:
-        sheet = f"{r['mfu_datasheet']:.1%}" if r["mfu_datasheet"] is not None else "n/a"
-        print(f"{r['precision']:<15}{r['tokens_per_s']:>11,.0f}{sheet:>11}"
-              f"{r['mfu_measured_matmul']:>9.1%}{r['matmul_tflops']:>11.1f}"
-              f"{r['peak_mem_gib']:>9.2f}{r['full_pretrain_hours']:>16.2f}")
-    print(f"\nfull pretrain = {s.max_steps} steps x {s.tokens_per_step:,} tokens at the measured "
-          f"speed; total check time {time.perf_counter() - t_all:.0f} s")
+        for label, profile_name, precision, compiled, ckpt in ROWS:
+            if compiled and args.dry_run:
+                continue  # compiling needs a C++ toolchain and minutes on a CPU
+            rows.append(speed_row(label, profile_name, precision, compiled, ckpt, args, device,
+                                  model_config, Path(tmp)))
+            print_row(rows[-1])
+        real = real_steps(args, device, model_config, Path(tmp))
+    report(rows, real, time.perf_counter() - t_all)
     if args.json:
-        args.json.write_text(json.dumps({"gpu": gpu, "torch": torch.__version__,
-                                         "results": results}, indent=2))
+        args.json.write_text(json.dumps({"gpu": args.gpu_name, "torch": torch.__version__,
+                                         "rows": rows, "real": real}, indent=2))
     return 0
+
+
+def print_row(r: dict) -> None:
+    sheet = f"{r['mfu_datasheet']:.1%}" if r["mfu_datasheet"] is not None else "n/a"
+    peak = f"{r['peak_mem_gib']:.2f}" if r["peak_mem_gib"] is not None else "n/a"
+    print(f"| {r['row']} | {r['batch']}x{r['seq_len']} | {r['tokens_per_s']:,.0f} | {sheet} | "
+          f"{r['mfu_measured_matmul']:.1%} | {peak} | {r['predicted_gib']:.2f} | "
+          f"{r['final_loss']:.3f} |", flush=True)
+
+
+def report(rows: list[dict], real: dict, seconds: float) -> None:
+    by = {r["row"]: r for r in rows}
+    base = by.get("gpu fp32")
+    for name in ("gpu bf16", "gpu fp16+scaler"):
+        if base and name in by:
+            r = by[name]
+            mem = (f", peak memory {r['peak_mem_gib'] / base['peak_mem_gib']:.2f}x fp32's"
+                   if r["peak_mem_gib"] and base["peak_mem_gib"] else "")
+            print(f"AMP claim, measured: {name} runs {r['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+                  f" fp32's tokens/s{mem}")
+    print(f"\n{real['steps']} real steps of the gpu profile: loss {real['loss_first']:.3f} -> "
+          f"{real['loss_last']:.3f}, validation {[round(v, 3) for v in real['val_loss']]}, "
+          f"{real['tokens_per_s']:,.0f} tokens/s -> the gpu profile's pretraining on the bundled "
+          f"data takes {real['gpu_profile_pretrain_minutes']:.1f} min here")
+    print(f"total check time {seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 Every stage registered in ``minimind_lib.stages`` is a subcommand taking the same options::
 
     python -m minimind_lib pretrain --profile cpu [--out DIR] [--resume]
+        [--set pretrain.max_steps=3 ...] [--config FILE.toml]
     torchrun --nproc_per_node 2 -m minimind_lib pretrain --profile full   # DDP
 
 A named stage always runs (its prerequisites only when missing); outputs go to
 ``<out>/<stage>/`` with ``<out>`` = ``runs/<profile>`` by default. Other commands (chat,
-serve, all) go in ``COMMANDS``: a help line, a function adding their options, and a function
-running them.
+serve, all, plan, download) go in ``COMMANDS``: a help line, a function adding their options,
+and a function running them. A user error (an unknown ``--set`` key, missing data) ends with one
+line on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from functools import partial
 
 from minimind_lib import pipeline
 from minimind_lib.device import PRECISIONS
-from minimind_lib.profiles import PROFILE_NAMES, get_profile
+from minimind_lib.profiles import (
+    PROFILE_NAMES,
+    Profile,
+    get_profile,
+    load_config,
+    override,
+    parse_set,
+)
 from minimind_lib.stages import STAGES
 
 #: extra subcommands: name -> (help, add_arguments(parser), run(args) -> exit code)
@@ -32,13 +41,43 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """--profile and --out, shared by every command."""
     parser.add_argument("--profile", choices=PROFILE_NAMES, default=None,
-                        help="smoke | cpu | full | auto (default: $MINIMIND_PROFILE, else auto)")
+                        help="smoke | cpu | gpu | full | auto (default: $MINIMIND_PROFILE, "
+                             "else auto: gpu with CUDA, else cpu)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="root of the stage folders (default: runs/<profile>)")
 
 
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                        help="override one setting, e.g. pretrain.max_steps=3, model.hidden_size=256"
+                             ", train.gradient_checkpointing=true (repeatable)")
+    parser.add_argument("--config", default=None, metavar="FILE.toml",
+                        help="overrides from a TOML file ([pretrain] max_steps = 3); --set wins")
+
+
+def chosen_profile(args: argparse.Namespace) -> Profile:
+    """The profile of ``--profile`` with ``--config`` then ``--set`` applied."""
+    try:
+        profile = get_profile(args.profile)
+        values = load_config(args.config) if getattr(args, "config", None) else {}
+        values |= parse_set(getattr(args, "sets", []))
+        return override(profile, values) if values else profile
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+
+
+def check_data(stages: list[str], profile: Profile) -> None:
+    """Exit with one line when the data ``stages`` need is missing (e.g. ``full`` before
+    ``download data``)."""
+    try:
+        pipeline.check_data(stages, profile)
+    except FileNotFoundError as e:
+        sys.exit(f"error: profile {profile.name}: {e}")
+
+
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
+    add_override_arguments(parser)
     parser.add_argument("--resume", action="store_true",
                         help="continue from the stage's latest checkpoint")
     parser.add_argument("--device", default=None, help="cuda | cuda:1 | mps | cpu (default: best)")
@@ -48,7 +87,9 @@ def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_stage(name: str, args: argparse.Namespace) -> int:
-    out = pipeline.ensure(name, get_profile(args.profile), root=args.out, force=True,
+    profile = chosen_profile(args)
+    check_data([name], profile)
+    out = pipeline.ensure(name, profile, root=args.out, force=True,
                           resume=args.resume, device=args.device, precision=args.precision,
                           progress=not args.no_progress)
     print(f"{name}: done -> {out}")
@@ -122,7 +163,8 @@ def run_all(args: argparse.Namespace) -> int:
     """Every stage in order (finished, up-to-date ones are reused), then the report."""
     from minimind_lib.report import write_report
 
-    profile = get_profile(args.profile)
+    profile = chosen_profile(args)
+    check_data([s.name for s in pipeline.stages_in_all()], profile)
     root = args.out or profile.runs_dir
     start = time.perf_counter()
     for stage in pipeline.stages_in_all():
@@ -137,6 +179,97 @@ def run_all(args: argparse.Namespace) -> int:
 COMMANDS["all"] = (f"every stage ({', '.join(s.name for s in pipeline.stages_in_all())}), "
                    "then report.md", add_stage_arguments, run_all)
 COMMANDS["chat"] = ("talk to the model in the terminal", add_chat_arguments, run_chat)
+
+
+# --- before and around training: plan, download --------------------------------------------
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    add_override_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--no-cpu-probe", action="store_true",
+                        help="skip timing two training steps on this CPU")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from minimind_lib.plan import format_plan, plan
+
+    profile = chosen_profile(args)
+    check_data(["pretrain", "sft", "dpo"], profile)
+    result = plan(profile, cpu_probe=not args.no_cpu_probe)
+    print(json.dumps(result, indent=2) if args.json else format_plan(result))
+    return 0
+
+
+def add_download_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=("data", "model"),
+                        help="data: MiniMind's pretrain_hq/sft_mini_512/dpo jsonl; "
+                             "model: MiniMind2-Small (transformers Llama folder)")
+    parser.add_argument("--to", default=None, metavar="DIR",
+                        help="target folder (default: $MINIMIND_DATA_DIR or data/minimind/ for "
+                             "data, data/minimind/MiniMind2-Small for the model)")
+    parser.add_argument("--source", choices=("huggingface", "modelscope"), default="huggingface")
+    parser.add_argument("--repo", default=None, help="another repo id to fetch the same way")
+
+
+def run_download(args: argparse.Namespace) -> int:
+    from minimind_lib.download import DownloadError, download
+
+    try:
+        folder = download(args.what, args.to, source=args.source, repo_id=args.repo)
+    except (DownloadError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    if args.what == "data":
+        print(f"done: use it with MINIMIND_DATA_DIR={folder} (the full profile looks in "
+              "data/minimind/ by default)")
+    else:
+        print(f"done: load it with minimind_lib.hf.load_pretrained({str(folder)!r})")
+    return 0
+
+
+def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument("--clean", action="store_true",
+                        help=f"delete the kept previous runs (<out>/{pipeline.PREVIOUS_DIR}/)")
+
+
+def run_runs(args: argparse.Namespace) -> int:
+    import shutil
+    from pathlib import Path
+
+    from minimind_lib.download import human
+
+    root = Path(args.out) if args.out else chosen_profile(args).runs_dir
+    rows = pipeline.list_runs(root)
+    if not rows:
+        print(f"{root}: no stage folders yet")
+        return 0
+    print(f"{root}:")
+    for r in rows:
+        where = "kept " if r["kept"] else ""
+        print(f"  {where}{r['name']:<22} {r['status']:<10} run {(r['run_id'] or '-')[:8]:<8} "
+              f"{r['finished_at'] or '':<19}  {human(r['bytes']):>9}")
+    kept = [r for r in rows if r["kept"]]
+    previous = root / pipeline.PREVIOUS_DIR
+    if kept and args.clean:
+        shutil.rmtree(previous)
+        print(f"deleted {len(kept)} kept run(s), {human(sum(r['bytes'] for r in kept))}")
+    elif kept:
+        print(f"{len(kept)} kept previous run(s) use {human(sum(r['bytes'] for r in kept))}; "
+              f"remove them with `python -m minimind_lib runs --out {root} --clean` "
+              f"(or rm -rf {previous})")
+    return 0
+
+
+COMMANDS["plan"] = ("what a profile will train: tokens, steps, passes, estimated time",
+                    add_plan_arguments, run_plan)
+COMMANDS["download"] = ("fetch MiniMind's datasets or weights (the only command that downloads)",
+                        add_download_arguments, run_download)
+COMMANDS["runs"] = ("list the stage folders and kept previous runs (with disk use)",
+                    add_runs_arguments, run_runs)
 COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
                      run_serve)
 

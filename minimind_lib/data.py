@@ -131,6 +131,8 @@ def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
 
 #: MiniMind's own file names, used when ``$MINIMIND_DATA_DIR`` points at them.
 MINIMIND_FILES = {"pretrain": "pretrain_hq.jsonl", "sft": "sft_mini_512.jsonl", "dpo": "dpo.jsonl"}
+#: Where ``python -m minimind_lib download data`` puts MiniMind's files by default.
+DOWNLOAD_DIR = DATA_DIR / "minimind"
 #: Bundled samples (``data/``); CC BY-SA-derived lines live in ``*_cc_by_sa.jsonl`` beside them.
 BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo_sample"}
 
@@ -138,8 +140,9 @@ BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo
 def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]:
     """The jsonl files that make up the ``schema`` training set.
 
-    With ``$MINIMIND_DATA_DIR`` (or ``data_dir``) set and MiniMind's file there, that
-    one file; otherwise the bundled sample and its CC BY-SA companion when present.
+    With ``data_dir`` (else ``$MINIMIND_DATA_DIR``) set, MiniMind's file there (an error naming
+    the ``download`` command when it is missing); otherwise the bundled sample and its CC
+    BY-SA companion when present.
     """
     if schema not in SCHEMAS:
         raise ValueError(f"unknown schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
@@ -148,9 +151,10 @@ def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]
         path = Path(external) / MINIMIND_FILES[schema]
         if not path.is_file():
             raise FileNotFoundError(
-                f"MINIMIND_DATA_DIR={external} has no {MINIMIND_FILES[schema]}; expected MiniMind's "
-                f"{', '.join(MINIMIND_FILES.values())} there (or unset it to use the bundled data)"
-            )
+                f"{external} has no {MINIMIND_FILES[schema]}: expected MiniMind's "
+                f"{', '.join(MINIMIND_FILES.values())} there; get them with `python -m "
+                f"minimind_lib download data --to {external}` (or point MINIMIND_DATA_DIR at "
+                "them, or unset it to use the bundled data)")
         return [path]
     stem = BUNDLED_FILES[schema]
     paths = [DATA_DIR / f"{stem}.jsonl", DATA_DIR / f"{stem}_cc_by_sa.jsonl"]

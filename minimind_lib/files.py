@@ -34,6 +34,7 @@ PRETOKENIZED_META = "meta.json"  # beside train.bin / val.bin (``data.tokenize_c
 
 # --- a stage folder (``pipeline.ensure``) and the run report ---------------------------------
 MARKER_FILE = "stage.json"  # written last: the stage finished, and from what
+RUN_CONFIG_FILE = "run_config.json"  # written first: the fully resolved settings it runs with
 EVAL_FILE = "eval.json"  # held-out scores of the models a stage compares
 FORMATS_FILE = "formats.md"  # the quantize stage's format table
 REPORT_FILE = "report.md"

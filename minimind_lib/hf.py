@@ -24,6 +24,7 @@ True
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -186,3 +187,129 @@ def _replace_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(new, target)
+
+
+# --- MiniMind's own weights in our model -------------------------------------------------------
+
+#: MiniMind's defaults for what a bare ``.pth`` state dict cannot tell (MiniMindConfig in its
+#: model/model_minimind.py): 8 query heads, RoPE theta 1e6, RMSNorm eps 1e-5, 32k positions
+MINIMIND_DEFAULTS = {"num_attention_heads": 8, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 32768}
+#: keys some exports carry that are not weights (RoPE tables): rebuilt from the config here
+_NOT_WEIGHTS = ("rotary_emb.inv_freq", "freqs_cos", "freqs_sin")
+_HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+                   "rms_norm_eps", "tie_word_embeddings")
+
+
+def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForCausalLM:
+    """A ``MiniMindForCausalLM`` from any of the places MiniMind weights live:
+
+    * one of our stage folders (``checkpoint.load_model``);
+    * a ``transformers`` folder: a Llama export (MiniMind exports MiniMind2-Small with
+      ``LlamaForCausalLM.save_pretrained``) or MiniMind's own ``model_type: minimind`` format,
+      both with Llama's parameter names: ``config.json`` + ``model.safetensors`` (or
+      ``pytorch_model.bin``);
+    * a MiniMind ``.pth`` state dict (fp16, Llama names), its config inferred from the tensor
+      shapes, with MiniMind's defaults for what shapes cannot say (``MINIMIND_DEFAULTS``;
+      pass e.g. ``num_attention_heads=16`` to differ);
+    * a Hub repo id such as ``jingyaogong/MiniMind2-Small`` (fetched by ``download``, offline
+      from the hub cache with ``HF_HUB_OFFLINE=1``).
+
+    Weights are loaded strictly (a missing or unexpected tensor is an error) in fp32.
+    """
+    path = Path(source)
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file() and "model_type" not in _read_json(path / CONFIG_FILE):
+            from minimind_lib.checkpoint import load_model
+
+            return load_model(path)
+        return _from_transformers_folder(path)
+    if path.is_file():
+        return _from_state_dict(_load_tensors(path), str(path), **config)
+    if str(source).count("/") == 1 and not str(source).startswith((".", "/")):
+        from minimind_lib.download import ARTIFACTS, download
+
+        name = str(source).split("/")[1]
+        folder = download("model", ARTIFACTS["model"].default_dir.parent / name, repo_id=str(source))
+        return _from_transformers_folder(folder)
+    raise FileNotFoundError(f"{source}: not a folder, a weights file or a Hub repo id "
+                            "(owner/name)")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a ``.safetensors``, ``.pth`` / ``.pt`` / ``.bin`` file (pickle-free loading)."""
+    if path.suffix == ".safetensors":
+        import safetensors.torch
+
+        return safetensors.torch.load_file(str(path))
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torch pickle we refuse to run, or not a torch file at all
+        raise ValueError(f"{path}: not a tensor file torch can load safely ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        data = data["model"]  # a training checkpoint: {"model": state_dict, ...}
+    if not isinstance(data, dict) or not all(torch.is_tensor(v) for v in data.values()):
+        raise ValueError(f"{path}: expected a state dict (name -> tensor)")
+    return data
+
+
+def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
+    hf = _read_json(folder / CONFIG_FILE)
+    if hf.get("model_type") not in ("llama", "minimind"):
+        raise ValueError(f"{folder / CONFIG_FILE}: model_type {hf.get('model_type')!r} is not "
+                         "a Llama-style model MiniMind can load (llama, minimind)")
+    if hf.get("use_moe"):
+        raise ValueError(f"{folder / CONFIG_FILE}: MiniMind's MoE models are not supported by "
+                         "load_pretrained")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ValueError(f"{folder / CONFIG_FILE}: scaled RoPE {rope} is not supported")
+    fields_ = {k: hf[k] for k in _HF_CONFIG_KEYS if hf.get(k) is not None}
+    fields_["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 1e4)))
+    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()]
+    if not weights:
+        raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    return _build(MiniMindConfig(**fields_), _load_tensors(weights[0]), str(weights[0]))
+
+
+def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
+                     **overrides: object) -> MiniMindForCausalLM:
+    """Infer a ``MiniMindConfig`` from the tensor shapes, then load them."""
+    try:
+        vocab, hidden = tensors["model.embed_tokens.weight"].shape
+        layers = 1 + max(int(k.split(".")[2]) for k in tensors if k.startswith("model.layers."))
+        q_out = tensors["model.layers.0.self_attn.q_proj.weight"].shape[0]
+        k_out = tensors["model.layers.0.self_attn.k_proj.weight"].shape[0]
+        inter = tensors["model.layers.0.mlp.gate_proj.weight"].shape[0]
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{source}: not a MiniMind / Llama state dict (missing {e})") from None
+    values = {**MINIMIND_DEFAULTS, **overrides}
+    head_dim = q_out // values["num_attention_heads"]
+    tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"],
+                                                         tensors["model.embed_tokens.weight"])
+    config = MiniMindConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                            num_key_value_heads=k_out // head_dim, intermediate_size=inter,
+                            tie_word_embeddings=tied, **values)
+    return _build(config, tensors, source)
+
+
+def _build(config: MiniMindConfig, tensors: dict[str, torch.Tensor],
+           source: str) -> MiniMindForCausalLM:
+    state = {k: v.float() for k, v in tensors.items() if not k.endswith(_NOT_WEIGHTS)}
+    if config.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    model = MiniMindForCausalLM(config)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())
+        raise ValueError(f"{source} does not fit {config}: {detail}") from None
+    return model.eval()

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 #: The label of a position that gets no loss (``F.cross_entropy``'s ``ignore_index``): prompts
 #: and padding in SFT/DPO batches, the last position of every sequence in ``causal_lm_loss``.
@@ -335,6 +336,7 @@ class MiniMindModel(nn.Module):
         # non-persistent: rebuilt from the config, so they never enter a checkpoint
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, D)
         self.register_buffer("rope_sin", sin, persistent=False)  # (P, D)
+        self.gradient_checkpointing = False  # see MiniMindForCausalLM.gradient_checkpointing_enable
 
     def forward(
         self, input_ids: Tensor, past_key_values: list[LayerCache] | None = None
@@ -351,8 +353,14 @@ class MiniMindModel(nn.Module):
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, D)
         x = self.dropout(self.embed_tokens(input_ids))  # (B, T, C)
         caches = []
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            x, cache = layer(x, cos, sin, past_key_values[i] if past_key_values else None)
+            past = past_key_values[i] if past_key_values else None
+            if recompute:
+                # keep only the block's input; rerun the block in backward (Chen et al. 2016)
+                x, cache = checkpoint(layer, x, cos, sin, past, use_reentrant=False)
+            else:
+                x, cache = layer(x, cos, sin, past)
             caches.append(cache)
         return self.norm(x), caches
 
@@ -408,6 +416,18 @@ class MiniMindForCausalLM(nn.Module):
         """Switch every layer to the fused SDPA path (True) or the manual path (False)."""
         for layer in self.model.layers:
             layer.self_attn.use_sdpa = use_sdpa
+        return self
+
+    def gradient_checkpointing_enable(self) -> MiniMindForCausalLM:
+        """Activation checkpointing (HF's name): in training, keep only each block's input and
+        recompute the block during backward. The gradients are the same; the memory for saved
+        activations drops to the block inputs plus the head and loss (``minimind_lib.memory``
+        measures it), for one more forward pass per step (about a third more compute)."""
+        self.model.gradient_checkpointing = True
+        return self
+
+    def gradient_checkpointing_disable(self) -> MiniMindForCausalLM:
+        self.model.gradient_checkpointing = False
         return self
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

@@ -4,41 +4,70 @@
   2 CPU cores and the losses still visibly fall.
 * ``cpu``: a student without a GPU. A ~4.6M-parameter model; the whole course in
   about an hour on 2 CPU cores.
-* ``full``: a student with a GPU. MiniMind2-Small (25.8M) with MiniMind's "Zero"
-  recipe (pretrain + SFT in about 2 h on an RTX 3090 class GPU).
-* ``auto`` (the default): ``full`` when CUDA is available, else ``cpu``.
+* ``gpu``: a student with a consumer GPU (8 GB is enough). MiniMind2-Small (25.8M) on the
+  data present (the bundled sample, or ``$MINIMIND_DATA_DIR``): budgets in passes over that
+  data (at most a few), capped so a big dataset still fits about half an hour on an RTX
+  3060/4060 class card (``python -m minimind_lib plan --profile gpu`` shows the numbers).
+* ``full``: MiniMind2-Small with MiniMind's "Zero" recipe on MiniMind's own datasets
+  (``python -m minimind_lib download data``): one pass of pretrain_hq, two of sft_mini_512,
+  about 2 h on an RTX 3090. It refuses to start without those files.
+* ``auto`` (the default): ``gpu`` when CUDA is available, else ``cpu`` (also on Apple MPS:
+  MPS trains in fp32, where the 4.6M model fits the hour; ``--profile gpu`` opts in).
 
-Notebook cells read sizes from the profile; they never hard-code them.
+Notebook cells read sizes from the profile; they never hard-code them. Any field can be
+overridden: ``override(profile, {"pretrain.max_steps": "3"})`` (the CLI's ``--set`` and
+``--config FILE.toml``).
 
 >>> get_profile("smoke").model.hidden_size
 64
 >>> get_profile("tiny")
 Traceback (most recent call last):
 ...
-ValueError: unknown profile 'tiny'; valid profiles: smoke, cpu, full, auto
+ValueError: unknown profile 'tiny'; valid profiles: smoke, cpu, gpu, full, auto
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from dataclasses import dataclass, replace
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from types import UnionType
+from typing import Union, get_args, get_origin, get_type_hints
 
 import torch
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 from minimind_lib import REPO_ROOT
+from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
 from minimind_lib.model import MiniMindConfig
-from minimind_lib.train import TrainSettings
+from minimind_lib.train import RunOptions, TrainSettings
 
-PROFILE_NAMES = ("smoke", "cpu", "full", "auto")
+PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
+DATA_ENV_VAR = "MINIMIND_DATA_DIR"
+#: The training stages whose settings a profile holds, in order.
+TRAINING_STAGES = ("pretrain", "sft", "dpo")
 
 
 @dataclass(frozen=True)
 class Profile:
-    """Everything that differs between CI, a laptop and a GPU: the model, and the
-    hyper-parameters of each training stage (``train.TrainSettings``; DPO's add ``beta``)."""
+    """Everything that differs between CI, a laptop and a GPU: the model, the hyper-parameters
+    of each training stage (``train.TrainSettings``; DPO's add ``beta``), how the engine runs
+    (``train.RunOptions``) and which data it needs.
+
+    ``needs_minimind_data``: the profile trains on MiniMind's datasets (``$MINIMIND_DATA_DIR``,
+    else ``data/minimind/`` where ``download data`` puts them); otherwise on the data present
+    (``$MINIMIND_DATA_DIR`` when set, else the bundled sample).
+    """
 
     name: str
     description: str
@@ -48,12 +77,23 @@ class Profile:
     dpo: DPOSettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     seed: int = 42
+    train: RunOptions = field(default_factory=RunOptions)
+    needs_minimind_data: bool = False
+    overrides: tuple[str, ...] = ()  # the --set / --config values applied (``override``)
 
     @property
     def runs_dir(self) -> Path:
         """Where stages write their outputs: ``runs/<profile>`` (or ``$MINIMIND_RUNS_DIR/<profile>``)."""
         root = os.environ.get("MINIMIND_RUNS_DIR")
         return (Path(root) if root else REPO_ROOT / "runs") / self.name
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The folder holding MiniMind-format data for this profile (None: the bundled sample)."""
+        external = os.environ.get(DATA_ENV_VAR)
+        if external:
+            return Path(external)
+        return DOWNLOAD_DIR if self.needs_minimind_data else None
 
 
 def _smoke() -> Profile:
@@ -92,35 +132,57 @@ def _cpu() -> Profile:
     )
 
 
-def _full() -> Profile:
-    # MiniMind's "Zero" recipe for MiniMind2-Small: pretrain 1 epoch (lr 5e-4,
-    # batch 32 x 512, accumulation 8), then SFT (lr 5e-7 .. 5e-6 in the original; we use
-    # 5e-5 with cosine decay since our loop decays to 10%), then DPO at lr 1e-8 .. 5e-7.
+def _gpu() -> Profile:
+    # Budgets in passes over the data present, each capped by max_steps so that a big dataset
+    # still fits: on an RTX 3060/4060 (about 25-30 dense bf16 TFLOP/s) at the 25% MFU that
+    # plan.py assumes, 3,800 steps x 8,192 tokens of pretraining is about 15 minutes. The
+    # bundled ~1M-token sample takes 4 passes (~500 steps), a few minutes on such a card.
     return Profile(
-        name="full",
-        description="GPU: MiniMind2-Small (25.8M params), MiniMind's Zero recipe",
+        name="gpu",
+        description="consumer GPU: MiniMind2-Small (25.8M params) on the data present",
         model=MiniMindConfig(),
-        pretrain=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, max_steps=5000,
-                               accumulation_steps=8, warmup_steps=100, eval_every=250,
+        pretrain=TrainSettings(batch_size=16, seq_len=512, learning_rate=1e-3, epochs=4,
+                               max_steps=3800, warmup_steps=50, eval_every=100,
                                save_every=500),
-        sft=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-5, max_steps=5000,
-                          warmup_steps=100, eval_every=250, save_every=500),
-        dpo=DPOSettings(batch_size=8, seq_len=512, learning_rate=1e-6, max_steps=1000,
-                        warmup_steps=50, eval_every=100, save_every=500),
-        eval_per_task=200,
+        sft=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=3,
+                          max_steps=2000, warmup_steps=50, eval_every=200, save_every=500),
+        dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
+                        max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
+        eval_per_task=100,
     )
 
 
-_BUILDERS = {"smoke": _smoke, "cpu": _cpu, "full": _full}
+def _full() -> Profile:
+    # MiniMind's "Zero" recipe for MiniMind2-Small: pretrain one pass (lr 5e-4, batch
+    # 32 x 512, accumulation 8), SFT two passes of sft_mini_512 at batch 16 (lr 5e-7 .. 5e-6
+    # in the original; we use 5e-5 with cosine decay since our loop decays to 10%), then DPO
+    # on a 16,000-pair sample of dpo.jsonl at lr 1e-6.
+    return Profile(
+        name="full",
+        description="GPU + MiniMind's datasets: MiniMind2-Small (25.8M), MiniMind's Zero recipe",
+        model=MiniMindConfig(),
+        pretrain=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=1,
+                               max_steps=None, accumulation_steps=8, warmup_steps=100,
+                               eval_every=250, save_every=500),
+        sft=TrainSettings(batch_size=16, seq_len=512, learning_rate=5e-5, epochs=2,
+                          max_steps=None, warmup_steps=100, eval_every=500, save_every=1000),
+        dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
+                        warmup_steps=50, eval_every=100, save_every=500),
+        eval_per_task=200,
+        needs_minimind_data=True,
+    )
+
+
+_BUILDERS = {"smoke": _smoke, "cpu": _cpu, "gpu": _gpu, "full": _full}
 
 
 def resolve_profile_name(name: str | None = None) -> str:
-    """``name`` → ``$MINIMIND_PROFILE`` → "auto"; "auto" becomes "full" with CUDA, else "cpu"."""
+    """``name`` → ``$MINIMIND_PROFILE`` → "auto"; "auto" becomes "gpu" with CUDA, else "cpu"."""
     chosen = (name or os.environ.get(ENV_VAR) or "auto").strip().lower()
     if chosen not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {chosen!r}; valid profiles: {', '.join(PROFILE_NAMES)}")
     if chosen == "auto":
-        chosen = "full" if torch.cuda.is_available() else "cpu"
+        chosen = "gpu" if torch.cuda.is_available() else "cpu"
     return chosen
 
 
@@ -132,3 +194,155 @@ def get_profile(name: str | None = None, **overrides) -> Profile:
     profile = _BUILDERS[resolve_profile_name(name)]()
     return replace(profile, **overrides) if overrides else profile
 
+
+
+# --- overrides: --set section.field=value and --config FILE.toml ---------------------------
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+_NONE = ("none", "null")
+_TOP_LEVEL = ("seed", "eval_per_task")
+
+
+def _sections(profile: Profile) -> dict[str, object]:
+    """What ``override`` can change: the model, each training stage, the run options."""
+    return {"model": profile.model, **{s: getattr(profile, s) for s in TRAINING_STAGES},
+            "train": profile.train}
+
+
+def valid_keys(profile: Profile) -> list[str]:
+    """Every key ``override`` accepts, e.g. ``pretrain.max_steps``."""
+    keys = [f"{name}.{f.name}" for name, obj in _sections(profile).items() for f in fields(obj)]
+    return keys + list(_TOP_LEVEL)
+
+
+def _coerce(value: object, hint: object, key: str) -> object:
+    """``value`` (a string from --set, or a TOML value) as the type ``hint`` describes."""
+    options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    if isinstance(value, str) and value.strip().lower() in _NONE and type(None) in options:
+        return None
+    errors = []
+    for option in (o for o in options if o is not type(None)):
+        try:
+            return _as(value, option)
+        except (TypeError, ValueError) as e:
+            errors.append(str(e))
+    raise ValueError(f"{key}: cannot use {value!r} ({'; '.join(errors)})")
+
+
+def _as(value: object, kind: object) -> object:
+    if get_origin(kind) is tuple:
+        parts = value.split(",") if isinstance(value, str) else list(value)
+        args = get_args(kind)
+        if len(parts) != len(args):
+            raise ValueError(f"expected {len(args)} comma-separated values")
+        return tuple(_as(p, a) for p, a in zip(parts, args, strict=True))
+    if get_origin(kind) is dict or kind is dict:
+        parsed = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(parsed, dict):
+            raise ValueError("expected a JSON object")
+        return parsed
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError("expected true or false")
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError("expected an integer")
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError("expected a number")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError("expected a number") from None
+        if not math.isfinite(number):
+            raise ValueError("expected a finite number")
+        return number
+    if kind is str:
+        return str(value)
+    raise ValueError(f"unsupported type {kind}")
+
+
+def override(profile: Profile, values: Mapping[str, object]) -> Profile:
+    """``profile`` with ``values`` applied: keys ``section.field`` (``valid_keys``), values
+    strings (parsed by the field's type: ``3``, ``2e-3``, ``true``, ``none``, ``0.9,0.95``)
+    or typed TOML values. An unknown key is an error listing the valid ones; a value out of
+    range is the dataclass's own error. Changing ``model.hidden_size`` re-derives
+    ``intermediate_size`` unless that is set too.
+
+    >>> p = override(get_profile("smoke"), {"pretrain.max_steps": "3", "train.compile": "true"})
+    >>> p.pretrain.max_steps, p.train.compile, p.overrides
+    (3, True, ('pretrain.max_steps=3', 'train.compile=true'))
+    >>> override(p, {"pretrain.max_step": "3"})
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown setting 'pretrain.max_step'; valid pretrain keys: batch_size, seq_len, ...
+    """
+    sections = _sections(profile)
+    changes: dict[str, dict[str, object]] = {}
+    top: dict[str, object] = {}
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if not name and key in _TOP_LEVEL:
+            top[key] = _coerce(value, int, key)
+            continue
+        if section not in sections:
+            raise ValueError(f"unknown setting {key!r}; sections: {', '.join(sections)}, and "
+                             f"the top-level keys {', '.join(_TOP_LEVEL)}")
+        obj = sections[section]
+        hints = get_type_hints(type(obj))
+        names = [f.name for f in fields(obj)]
+        if name not in names:
+            raise ValueError(f"unknown setting {key!r}; valid {section} keys: {', '.join(names)}")
+        changes.setdefault(section, {})[name] = _coerce(value, hints[name], key)
+    for section, new in changes.items():
+        obj = sections[section]
+        if section == "model" and "hidden_size" in new and "intermediate_size" not in new:
+            new["intermediate_size"] = None  # derived again from the new width
+        try:
+            sections[section] = replace(obj, **new)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"--set {section}.*: {e}") from None
+    record = tuple(f"{k}={v}" for k, v in values.items())
+    return replace(profile, **{k: v for k, v in sections.items()}, **top,
+                   overrides=profile.overrides + record)
+
+
+def load_config(path: str | os.PathLike) -> dict[str, object]:
+    """A TOML file of overrides as ``override`` keys: ``[pretrain] max_steps = 3`` becomes
+    ``{"pretrain.max_steps": 3}``; top-level ``seed = 1`` stays ``{"seed": 1}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such config file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    flat: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def parse_set(items: Sequence[str]) -> dict[str, str]:
+    """``["pretrain.max_steps=3", ...]`` (the CLI's repeated ``--set``) as a dict.
+
+    >>> parse_set(["sft.learning_rate=1e-4", "seed=7"])
+    {'sft.learning_rate': '1e-4', 'seed': '7'}
+    """
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. pretrain.max_steps=3")
+        out[key.strip()] = value.strip()
+    return out

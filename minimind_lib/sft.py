@@ -46,7 +46,7 @@ from torch import nn
 from minimind_lib.data import SFTDataset, dataset_files, read_jsonl
 from minimind_lib.evaluate import load_eval_records
 from minimind_lib.tokenizer import BPETokenizer
-from minimind_lib.train import TrainConfig, TrainSettings, train
+from minimind_lib.train import RunOptions, TrainConfig, TrainSettings, train
 
 
 def sft_records(files: Iterable[str | Path] | None = None) -> Iterable[dict]:
@@ -80,17 +80,17 @@ class SFTRun:
 
 
 def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: TrainSettings, *,
-              seed: int, answer_only: bool = True, max_steps: int | None = None,
-              files: Iterable[str | Path] | None = None, out_dir: str | Path | None = None,
+              seed: int, answer_only: bool = True, files: Iterable[str | Path] | None = None,
+              options: RunOptions | None = None, out_dir: str | Path | None = None,
               resume: bool = False, precision: str = "auto", device: str | None = None,
               progress: bool = True, callbacks: Iterable[Callable[[dict], None]] = ()) -> SFTRun:
-    """Fine-tune ``model`` in place with ``settings`` (``max_steps`` overrides its steps).
-    Validation loss is always answer-only, so both arms of the ablation are measured alike."""
+    """Fine-tune ``model`` in place with ``settings`` (e.g. ``replace(settings, max_steps=50)``
+    for a shorter run) on ``files`` (default: ``dataset_files("sft")``). Validation loss is
+    always answer-only, so both arms of the ablation are measured alike."""
     train_set = sft_dataset(tokenizer, settings, files=files, answer_only=answer_only,
                             progress=progress)
-    config = TrainConfig.from_stage(settings, max_steps=max_steps or settings.max_steps,
-                                    out_dir=out_dir, precision=precision, device=device,
-                                    seed=seed, progress=progress)
+    config = TrainConfig.from_stage(settings, options, out_dir=out_dir, precision=precision,
+                                    device=device, seed=seed, progress=progress)
     rows = train(model, train_set, config, eval_dataset=validation_dataset(tokenizer, settings),
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
     return SFTRun(rows, len(train_set), train_set.skipped)

@@ -96,23 +96,28 @@ class Stage:
     requires: tuple[str, ...] = ()
     description: str = ""
     distributed: bool = False  # True: every torchrun rank runs it; False: rank 0 only
-    data_schema: str | None = None  # its data files enter the fingerprint
+    sources: Callable[[Profile], list[Path]] | None = None  # files it reads (-> fingerprint)
     in_all: bool = True  # part of ``python -m minimind_lib all``
     serves: bool = False  # its folder is a chat model `serve` / `chat` may pick by default
+
+    def inputs(self, profile: Profile) -> list[Path]:
+        """The files this stage reads besides its prerequisites' folders (an error naming the
+        ``download`` command when training data is missing)."""
+        return self.sources(profile) if self.sources is not None else []
 
 
 STAGES: dict[str, Stage] = {}
 
 
 def register(name: str, *, requires: tuple[str, ...] = (), description: str = "",
-             distributed: bool = False, data_schema: str | None = None, in_all: bool = True,
-             serves: bool = False):
+             distributed: bool = False, sources: Callable[[Profile], list[Path]] | None = None,
+             in_all: bool = True, serves: bool = False):
     """Decorator adding a stage function to ``STAGES`` (and so to ``ensure`` and the CLI)."""
     def wrap(fn: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
         missing = [r for r in requires if r not in STAGES]
         if missing:
             raise ValueError(f"stage {name!r} requires {missing}, registered after it")
-        STAGES[name] = Stage(name, fn, requires, description, distributed, data_schema, in_all,
+        STAGES[name] = Stage(name, fn, requires, description, distributed, sources, in_all,
                              serves)
         return fn
     return wrap
@@ -131,10 +136,11 @@ def read_marker(stage_dir: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _training_summary(rows: list[dict], steps: int) -> dict:
+def _training_summary(rows: list[dict]) -> dict:
     last = rows[-1] if rows else {}
-    return {"steps": steps, "final_loss": last.get("loss"), "final_val_loss": last.get("val_loss"),
-            "tokens": last.get("tokens"), "metrics": METRICS_FILE}
+    return {"steps": last.get("step"), "final_loss": last.get("loss"),
+            "final_val_loss": last.get("val_loss"), "tokens": last.get("tokens"),
+            "metrics": METRICS_FILE}
 
 
 def _write_eval(out_dir: Path, per_task: int, evals: dict[str, ModelEval], **extra: object) -> None:
@@ -148,22 +154,31 @@ def _evaluate(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageCon
                           seq_len=ctx.profile.sft.seq_len, progress=ctx.progress)
 
 
+def training_data(schema: str) -> Callable[[Profile], list[Path]]:
+    """``sources`` of a stage training on ``schema`` data: the profile's files of that kind."""
+    return lambda profile: dataset_files(schema, profile.data_dir)
+
+
+def _course_tokenizer(_: Profile) -> list[Path]:
+    return sorted(f for f in COURSE_TOKENIZER_DIR.iterdir() if f.is_file())
+
+
 # --- the stages, in order ------------------------------------------------------------------
 
 
-@register("tokenizer", description="copy the course tokenizer (data/tokenizer/) into the run")
+@register("tokenizer", sources=_course_tokenizer,
+          description="copy the course tokenizer (data/tokenizer/) into the run")
 def tokenizer_stage(ctx: StageContext) -> dict:
     source = COURSE_TOKENIZER_DIR / TOKENIZER_FILE
     if not source.is_file():
         raise FileNotFoundError(f"{source}: the course tokenizer is missing; rebuild data/ with "
                                 "`make data` (scripts/build_data.py) or train one in notebook 01")
-    for f in sorted(COURSE_TOKENIZER_DIR.iterdir()):
-        if f.is_file():
-            shutil.copyfile(f, ctx.out_dir / f.name)
+    for f in _course_tokenizer(ctx.profile):
+        shutil.copyfile(f, ctx.out_dir / f.name)
     return {"source": str(COURSE_TOKENIZER_DIR)}
 
 
-@register("pretrain", requires=("tokenizer",), distributed=True, data_schema="pretrain",
+@register("pretrain", requires=("tokenizer",), distributed=True, sources=training_data("pretrain"),
           serves=True, description="pretrain the profile's model on the pretraining text")
 def pretrain_stage(ctx: StageContext) -> dict:
     """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
@@ -171,7 +186,8 @@ def pretrain_stage(ctx: StageContext) -> dict:
     settings, info = ctx.profile.pretrain, init_distributed()
     data_dir = ctx.out_dir / "data"
     if info.is_main:  # one rank tokenises; the others wait, then read the same memmap
-        tokenize_corpus(dataset_files("pretrain"), ctx.dir("tokenizer") / TOKENIZER_FILE,
+        tokenize_corpus(dataset_files("pretrain", ctx.profile.data_dir),
+                        ctx.dir("tokenizer") / TOKENIZER_FILE,
                         data_dir, max_examples=settings.max_examples, progress=ctx.progress)
     if info.world_size > 1:
         dist.barrier()
@@ -185,18 +201,19 @@ def pretrain_stage(ctx: StageContext) -> dict:
 
     seed_everything(ctx.profile.seed)
     model = MiniMindForCausalLM(ctx.profile.model)
-    config = TrainConfig.from_stage(settings, out_dir=ctx.out_dir, precision=ctx.precision,
-                                    device=ctx.device, seed=ctx.profile.seed,
-                                    progress=ctx.progress)
+    config = TrainConfig.from_stage(settings, ctx.profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device,
+                                    seed=ctx.profile.seed, progress=ctx.progress)
     rows = train(model, train_set, config, eval_dataset=val_set, resume=ctx.resume,
                  callbacks=ctx.callbacks)
     if info.is_main:
         save_model(model.cpu(), ctx.out_dir)
-    return {**_training_summary(rows, config.max_steps), "train_windows": len(train_set),
+    return {**_training_summary(rows), "train_windows": len(train_set),
             "val_windows": len(val_set) if val_set is not None else 0}
 
 
-@register("sft", requires=("pretrain",), distributed=True, data_schema="sft", serves=True,
+@register("sft", requires=("pretrain",), distributed=True, sources=training_data("sft"),
+          serves=True,
           description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                       "evaluates before and after")
 def sft_stage(ctx: StageContext) -> dict:
@@ -209,9 +226,10 @@ def sft_stage(ctx: StageContext) -> dict:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the pretrained model's "
                          f"vocab_size is {model.config.vocab_size}")
     before = _evaluate(model, tokenizer, ctx) if info.is_main else None
-    run = train_sft(model, tokenizer, profile.sft, seed=profile.seed, out_dir=ctx.out_dir,
-                    resume=ctx.resume, precision=ctx.precision, device=ctx.device,
-                    progress=ctx.progress, callbacks=ctx.callbacks)
+    run = train_sft(model, tokenizer, profile.sft, seed=profile.seed,
+                    files=dataset_files("sft", profile.data_dir), options=profile.train,
+                    out_dir=ctx.out_dir, resume=ctx.resume, precision=ctx.precision,
+                    device=ctx.device, progress=ctx.progress, callbacks=ctx.callbacks)
     if not info.is_main:
         return {}
     model = model.cpu()
@@ -219,13 +237,13 @@ def sft_stage(ctx: StageContext) -> dict:
     evals = {"pretrain": before, "sft": _evaluate(model, tokenizer, ctx)}
     _write_eval(ctx.out_dir, profile.eval_per_task, evals)
     print(eval_report(evals))
-    return {**_training_summary(run.rows, profile.sft.max_steps), "examples": run.examples,
+    return {**_training_summary(run.rows), "examples": run.examples,
             "skipped": run.skipped, "eval": EVAL_FILE,
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
             "perplexity": {n: e.perplexity for n, e in evals.items()}}
 
 
-@register("dpo", requires=("sft",), data_schema="dpo", serves=True,
+@register("dpo", requires=("sft",), sources=training_data("dpo"), serves=True,
           description="direct preference optimization of the SFT model against its frozen copy; "
                       "evaluates before and after")
 def dpo_stage(ctx: StageContext) -> dict:
@@ -235,11 +253,13 @@ def dpo_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.dpo
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.dir("sft"))
-    # subtle: a run visits max_steps x batch pairs. Keep a seeded uniform sample of that many
-    # instead of tokenising and scoring every pair of a big file (MiniMind's dpo.jsonl: ~200k
-    # pairs; the full profile visits 8,000): the same distribution, a fraction of the work
-    visited = settings.max_steps * settings.batch_size * settings.accumulation_steps
-    train_set = DPODataset.from_files(dataset_files("dpo"), tokenizer, settings.seq_len,
+    # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of that
+    # many instead of tokenising and scoring every pair of a big file (MiniMind's dpo.jsonl:
+    # ~200k pairs; the full profile visits 16,000): the same distribution, a fraction of the work
+    visited = (None if settings.max_steps is None
+               else settings.max_steps * settings.batch_size * settings.accumulation_steps)
+    train_set = DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
+                                      settings.seq_len,
                                       max_examples=settings.max_examples, sample=visited,
                                       seed=profile.seed)
     held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
@@ -248,8 +268,9 @@ def dpo_stage(ctx: StageContext) -> dict:
     if sft_eval is None:
         sft_eval = _evaluate(policy, tokenizer, ctx)
 
-    config = TrainConfig.from_stage(settings, out_dir=ctx.out_dir, precision=ctx.precision,
-                                    device=ctx.device, seed=profile.seed, progress=ctx.progress)
+    config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device, seed=profile.seed,
+                                    progress=ctx.progress)
     rows = train_dpo(policy, train_set, config, beta=settings.beta, eval_set=held_out,
                      resume=ctx.resume, callbacks=ctx.callbacks)
     prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
@@ -262,7 +283,7 @@ def dpo_stage(ctx: StageContext) -> dict:
     print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
           + eval_report(evals))
     before, after = (summarize_preferences(p)["all"] for p in (prefs.sft, prefs.dpo))
-    return {**_training_summary(rows, settings.max_steps), "pairs": len(train_set),
+    return {**_training_summary(rows), "pairs": len(train_set),
             "dropped": train_set.dropped, "eval": EVAL_FILE,
             "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
                                     "dpo_logprob": after.logprob_accuracy,

@@ -48,7 +48,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,17 +74,21 @@ class TrainSettings:
     A profile holds one per stage (``profile.pretrain``, ``profile.sft``; DPO's adds ``beta``:
     ``minimind_lib.dpo.DPOSettings``); ``TrainConfig`` adds how and where to run. An optimizer
     step sees ``batch_size * accumulation_steps`` sequences of ``seq_len`` tokens per process.
-    ``max_steps`` counts optimizer steps; ``max_examples`` caps how many examples (documents,
-    conversations, pairs) a stage reads (None = all).
+    The budget is ``max_steps`` optimizer steps, or ``epochs`` passes over the data (then
+    ``max_steps``, when also set, caps it): ``planned_steps`` resolves it once the data's size
+    is known, so a profile's budget fits whatever data is present. ``max_examples`` caps how
+    many examples (documents, conversations, pairs) a stage reads (None = all).
 
-    >>> TrainSettings(batch_size=4, seq_len=64, accumulation_steps=2).tokens_per_step
-    512
+    >>> s = TrainSettings(batch_size=4, seq_len=64, accumulation_steps=2, max_steps=None, epochs=2)
+    >>> s.tokens_per_step, s.planned_steps(num_examples=100)   # 12 steps a pass (8 a step)
+    (512, 24)
     """
 
     batch_size: int = 8
     seq_len: int = 128  # tokens per training sequence (datasets are cut to it)
     learning_rate: float = 3e-4
-    max_steps: int = 100
+    max_steps: int | None = 100  # optimizer steps (a cap when ``epochs`` is set too)
+    epochs: float | None = None  # passes over the data; the steps follow from its size
     accumulation_steps: int = 1
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak
@@ -98,11 +102,17 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        for field_name in ("batch_size", "seq_len", "max_steps", "accumulation_steps",
-                           "eval_every", "eval_batches", "save_every"):
+        for field_name in ("batch_size", "seq_len", "accumulation_steps", "eval_every",
+                           "eval_batches", "save_every"):
             if getattr(self, field_name) <= 0:
                 raise ValueError(f"{name}.{field_name} must be positive, got "
                                  f"{getattr(self, field_name)}")
+        if self.max_steps is None and self.epochs is None:
+            raise ValueError(f"{name} needs a budget: max_steps or epochs (or both)")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ValueError(f"{name}.max_steps must be positive, got {self.max_steps}")
+        if self.epochs is not None and not 0 < self.epochs < 1e6:
+            raise ValueError(f"{name}.epochs must be positive, got {self.epochs}")
         if self.learning_rate <= 0:
             raise ValueError(f"{name}.learning_rate must be positive, got {self.learning_rate}")
         if self.warmup_steps < 0:
@@ -117,10 +127,45 @@ class TrainSettings:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.accumulation_steps * self.seq_len
 
+    def planned_steps(self, num_examples: int, world_size: int = 1) -> int:
+        """Optimizer steps of a run over ``num_examples`` examples: ``max_steps``, or ``epochs``
+        passes (each ``num_examples // global batch`` steps, as ``StepBatchSampler`` reads
+        them), capped by ``max_steps`` when both are set; at least 1."""
+        if self.epochs is None:
+            return self.max_steps
+        per_pass = num_examples // (self.batch_size * self.accumulation_steps * world_size)
+        steps = max(1, math.ceil(self.epochs * per_pass))
+        return steps if self.max_steps is None else min(steps, self.max_steps)
+
 
 @dataclass(frozen=True)
-class TrainConfig(TrainSettings):
-    """A training run: the hyper-parameters (``TrainSettings``) plus how and where to run.
+class RunOptions:
+    """How the engine runs, apart from what it learns: none of these changes the result
+    (``compile`` only within float rounding), so none enters a stage's fingerprint.
+    Profiles hold one (``profile.train``; ``--set train.gradient_checkpointing=true``)."""
+
+    compile: bool = False  # torch.compile the model
+    gradient_checkpointing: bool = False  # recompute each block in backward: less memory
+    num_workers: int = 0  # DataLoader worker processes
+    max_bad_steps: int = 5  # consecutive non-finite steps before giving up
+    keep_checkpoints: int = 1
+    wandb_project: str | None = None  # log to Weights & Biases too, when installed
+
+    def __post_init__(self) -> None:
+        for name in ("max_bad_steps", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{type(self).__name__}.{name} must be positive, got "
+                                 f"{getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ValueError(f"{type(self).__name__}.num_workers must be >= 0, got "
+                             f"{self.num_workers}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(TrainSettings, RunOptions):
+    """A training run: the hyper-parameters (``TrainSettings``), how the engine runs
+    (``RunOptions``), and where: output folder, precision, device, seed, progress bar. Each
+    field is defined once, in one of the three.
 
     ``batch_size`` is the micro-batch of one process; an optimizer step sees
     ``batch_size * accumulation_steps * world_size`` sequences.
@@ -135,26 +180,21 @@ class TrainConfig(TrainSettings):
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see module docstring)
     device: str | None = None  # None: minimind_lib.device.pick_device()
     seed: int = 42
-    compile: bool = False  # torch.compile the model
-    num_workers: int = 0  # DataLoader worker processes
-    max_bad_steps: int = 5  # consecutive non-finite steps before giving up
-    keep_checkpoints: int = 1
     progress: bool = True  # tqdm bar (rank 0 only)
-    wandb_project: str | None = None  # log to Weights & Biases too, when installed
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("max_bad_steps", "keep_checkpoints"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)}")
+        TrainSettings.__post_init__(self)
+        RunOptions.__post_init__(self)
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision is {self.precision!r}; choose one of "
                              f"{', '.join(PRECISIONS)}")
 
     @classmethod
-    def from_stage(cls, settings: TrainSettings, **overrides: Any) -> TrainConfig:
-        """A run of a profile stage's settings, e.g. ``TrainConfig.from_stage(profile.pretrain,
-        out_dir=d)``: every ``TrainSettings`` field is carried over (a subclass's own fields,
+    def from_stage(cls, settings: TrainSettings, options: RunOptions | None = None,
+                   **overrides: Any) -> TrainConfig:
+        """A run of a profile stage's settings (and the profile's ``RunOptions``), e.g.
+        ``TrainConfig.from_stage(profile.pretrain, profile.train, out_dir=d)``: every
+        ``TrainSettings`` and ``RunOptions`` field is carried over (a subclass's own fields,
         such as DPO's ``beta``, stay with the stage); ``overrides`` replace any field.
 
         >>> from minimind_lib.profiles import get_profile
@@ -163,7 +203,15 @@ class TrainConfig(TrainSettings):
         (8, 80, 'fp32')
         """
         values = {f.name: getattr(settings, f.name) for f in fields(TrainSettings)}
+        if options is not None:
+            values |= {f.name: getattr(options, f.name) for f in fields(RunOptions)}
         return cls(**{**values, **overrides})
+
+    def resolved(self, num_examples: int, world_size: int = 1) -> TrainConfig:
+        """This config with its budget in steps (``planned_steps``) and ``epochs`` resolved."""
+        if self.epochs is None:
+            return self
+        return replace(self, max_steps=self.planned_steps(num_examples, world_size), epochs=None)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based)."""
@@ -414,6 +462,8 @@ def start_run(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
         raise ValueError("resume=True needs TrainConfig.out_dir (where the checkpoints are)")
     seed_everything(config.seed)
     model.to(device).train()
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     optimizer = make_optimizer(model, config, device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.use_scaler)
     data_pos = {"dataset_len": len(dataset), "batch_size": config.batch_size,
@@ -606,6 +656,10 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     ``torchrun`` every rank calls ``train``; rank 0 logs and saves.
     """
     loss_fn = loss_fn or default_loss
+    info = init_distributed()
+    config = config.resolved(len(dataset), info.world_size)
+    if config.out_dir is not None and info.is_main:  # a stage's run: say what it will do
+        print(plan_line(config, len(dataset), info.world_size))
     run = start_run(model, dataset, config, collate_fn=collate_fn, resume=resume)
     log = RunLog(config, run, resume, callbacks)
     rows, bad_streak, t_start = [], 0, time.perf_counter()
@@ -639,6 +693,18 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
         log.advance(row)
     log.close()
     return rows
+
+
+def plan_line(config: TrainConfig, num_examples: int, world_size: int = 1) -> str:
+    """What a run will do, in one line (logged when a stage starts training).
+
+    >>> plan_line(TrainConfig(batch_size=16, seq_len=512, max_steps=500), num_examples=2000)
+    '[plan] 500 steps x 16 sequences (<= 8,192 tokens) = 4.0 passes over 2,000 examples'
+    """
+    batch = config.batch_size * config.accumulation_steps * world_size
+    return (f"[plan] {config.max_steps:,} steps x {batch} sequences (<= {batch * config.seq_len:,}"
+            f" tokens) = {config.max_steps * batch / max(num_examples, 1):.1f} passes over "
+            f"{num_examples:,} examples")
 
 
 def _save(out_dir: Path, step: int, run: TrainRun, elapsed: float, config: TrainConfig) -> None:

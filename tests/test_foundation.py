@@ -67,14 +67,14 @@ def test_auto_follows_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_profile_name() == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_profile_name("auto") == "full"
+    assert resolve_profile_name("auto") == "gpu"
 
 
 def test_unknown_profile_lists_valid_names(monkeypatch):
-    with pytest.raises(ValueError, match="smoke, cpu, full, auto"):
+    with pytest.raises(ValueError, match="smoke, cpu, gpu, full, auto"):
         get_profile("tiny")
-    monkeypatch.setenv("MINIMIND_PROFILE", "gpu")
-    with pytest.raises(ValueError, match="unknown profile 'gpu'"):
+    monkeypatch.setenv("MINIMIND_PROFILE", "gpuu")
+    with pytest.raises(ValueError, match="unknown profile 'gpuu'"):
         get_profile()
 
 
@@ -90,7 +90,7 @@ def test_profiles_grow_from_smoke_to_full():
 
 
 def test_profile_names_are_the_documented_ones():
-    assert PROFILE_NAMES == ("smoke", "cpu", "full", "auto")
+    assert PROFILE_NAMES == ("smoke", "cpu", "gpu", "full", "auto")
 
 
 def test_runs_dir_is_per_profile(monkeypatch, tmp_path):

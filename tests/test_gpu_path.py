@@ -1,0 +1,283 @@
+"""The GPU student's path, tested on the CPU: budgets sized to the data (plan), overrides and
+run_config.json, the full profile's refusal without data, downloads from a local hub cache,
+MiniMind's own weight formats, and activation checkpointing's memory and gradients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimind_lib import REPO_ROOT
+from minimind_lib.__main__ import main
+from minimind_lib.memory import activation_bytes, measure_saved_bytes, per_sequence
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.profiles import get_profile, load_config, override, valid_keys
+from minimind_lib.train import TrainConfig, TrainSettings, train
+
+TINY = MiniMindConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, max_position_embeddings=32768)
+
+
+# --- plan: budgets fit the data present ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["smoke", "cpu", "gpu"])
+def test_plan_json_reads_the_bundled_data_at_most_ten_times(name, capsys, monkeypatch):
+    monkeypatch.delenv("MINIMIND_DATA_DIR", raising=False)
+    assert main(["plan", "--profile", name, "--json", "--no-cpu-probe"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["stages"]) == {"pretrain", "sft", "dpo"}
+    for stage, s in result["stages"].items():
+        assert {"tokens_planned", "tokens_available", "passes", "steps"} <= set(s)
+        assert 0 < s["passes"] <= 10, (stage, s["passes"])
+        assert s["steps"] > 0 and s["tokens_available"] > 0 and not s["estimated"]
+        # the planned steps are what the engine will run on the same data
+        settings = getattr(get_profile(name), stage)
+        if stage == "pretrain":
+            assert s["steps"] == settings.planned_steps(s["examples_available"])
+
+
+def test_gpu_budget_is_in_passes_capped_by_steps():
+    s = get_profile("gpu").pretrain
+    per_pass = 2000 // s.batch_size
+    assert s.planned_steps(2000) == s.epochs * per_pass  # small data: passes decide
+    assert s.planned_steps(10**9) == s.max_steps  # big data: the time cap decides
+
+
+def test_train_resolves_epochs_into_steps():
+    dataset = [{"input_ids": torch.tensor([1, 2, 3, 4]), "labels": torch.tensor([1, 2, 3, 4])}] * 12
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(TINY)
+    config = TrainConfig(batch_size=4, seq_len=4, max_steps=None, epochs=2.5, warmup_steps=1,
+                         precision="fp32", device="cpu", progress=False)
+    rows = train(model, dataset, config)
+    assert [r["step"] for r in rows] == list(range(1, 9))  # ceil(2.5 passes x 3 steps)
+    with pytest.raises(ValueError, match="needs a budget"):
+        TrainSettings(max_steps=None)
+
+
+# --- overrides and the run record -------------------------------------------------------------
+
+
+def test_set_runs_three_steps_and_records_them(tmp_path, capsys):
+    out = tmp_path / "runs"
+    assert main(["pretrain", "--profile", "smoke", "--out", str(out), "--no-progress",
+                 "--set", "pretrain.max_steps=3", "--set", "pretrain.eval_every=1"]) == 0
+    rows = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    record = json.loads((out / "pretrain" / "run_config.json").read_text())
+    assert record["settings"]["max_steps"] == 3 and "pretrain.max_steps=3" in record["overrides"]
+    assert record["model"] == get_profile("smoke").model.to_dict()
+    assert "[plan] 3 steps" in capsys.readouterr().out  # the stage logs its plan first
+
+
+def test_a_misspelt_key_lists_the_valid_ones_without_a_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "minimind_lib", "pretrain", "--profile", "smoke",
+         "--set", "pretrain.max_step=3"], capture_output=True, text=True, cwd=REPO_ROOT,
+        timeout=120)
+    assert result.returncode == 1
+    assert "unknown setting 'pretrain.max_step'" in result.stderr
+    assert "max_steps" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_override_types_and_errors():
+    smoke = get_profile("smoke")
+    p = override(smoke, {"train.gradient_checkpointing": "yes", "dpo.beta": "0.5",
+                         "pretrain.max_examples": "none", "sft.betas": "0.9,0.99",
+                         "model.hidden_size": "128", "seed": "7"})
+    assert p.train.gradient_checkpointing and p.dpo.beta == 0.5 and p.seed == 7
+    assert p.pretrain.max_examples is None and p.sft.betas == (0.9, 0.99)
+    assert p.model.intermediate_size == MiniMindConfig(hidden_size=128,
+                                                       num_attention_heads=4).intermediate_size
+    for bad, message in [({"pretrain.learning_rate": "nan"}, "finite"),
+                         ({"pretrain.batch_size": "2.5"}, "integer"),
+                         ({"pretrain.batch_size": "0"}, "must be positive"),
+                         ({"bogus.x": "1"}, "sections: model, pretrain"),
+                         ({"dpo.beta": "-1"}, "beta must be positive")]:
+        with pytest.raises(ValueError, match=message):
+            override(smoke, bad)
+    assert "train.gradient_checkpointing" in valid_keys(smoke)
+
+
+def test_config_file(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("seed = 3\n[pretrain]\nmax_steps = 5\nlearning_rate = 1e-3\n"
+                    "[train]\ncompile = false\n")
+    p = override(get_profile("smoke"), load_config(path))
+    assert (p.seed, p.pretrain.max_steps, p.pretrain.learning_rate) == (3, 5, 1e-3)
+    path.write_text("[pretrain\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_full_without_minimind_data_names_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIMIND_DATA_DIR", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pretrain", "--profile", "full", "--out", str(tmp_path / "runs")])
+    assert "download data" in str(exit_info.value.code)
+    assert not (tmp_path / "runs").exists()  # refused before anything started
+
+
+# --- download, offline from a hub cache the test builds ---------------------------------------
+
+
+def _hub_cache(root: Path, repo: str, repo_type: str, files: dict[str, bytes]) -> None:
+    """The layout huggingface_hub reads: <type>s--owner--name/{refs/main, snapshots/<commit>/}."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = root / f"{repo_type}s--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    for name, content in files.items():
+        target = folder / "snapshots" / commit / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+
+
+def test_download_data_offline_from_the_hub_cache(tmp_path, monkeypatch, capsys):
+    files = {"pretrain_hq.jsonl": b'{"text": "hello"}\n',
+             "sft_mini_512.jsonl": b'{"conversations": [{"role": "user", "content": "hi"}, '
+                                   b'{"role": "assistant", "content": "yo"}]}\n',
+             "dpo.jsonl": b"{}\n"}
+    _hub_cache(tmp_path / "hub", "jingyaogong/minimind_dataset", "dataset", files)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["download", "data", "--to", str(tmp_path / "data")]) == 0
+    out = capsys.readouterr().out
+    assert "3 file(s)" in out and "local hub cache" in out and "MINIMIND_DATA_DIR=" in out
+    for name, content in files.items():
+        assert (tmp_path / "data" / name).read_bytes() == content
+    (tmp_path / "hub" / "datasets--jingyaogong--minimind_dataset" / "snapshots").rename(
+        tmp_path / "gone")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["download", "data", "--to", str(tmp_path / "data2")])
+    assert "not in the local hub cache" in str(exit_info.value.code)
+
+
+def test_download_model_offline_then_load_it(tmp_path, monkeypatch):
+    from minimind_lib import download
+    from minimind_lib.hf import load_pretrained, to_hf
+
+    torch.manual_seed(0)
+    ours = MiniMindForCausalLM(TINY).eval()
+    export = tmp_path / "export"
+    to_hf(ours).save_pretrained(export)
+    _hub_cache(tmp_path / "hub", "jingyaogong/MiniMind2-Small", "model",
+               {p.name: p.read_bytes() for p in export.iterdir()})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    artifact = replace(download.ARTIFACTS["model"], default_dir=tmp_path / "models" / "default")
+    monkeypatch.setitem(download.ARTIFACTS, "model", artifact)
+    loaded = load_pretrained("jingyaogong/MiniMind2-Small")  # a hub id: download, then load
+    assert (tmp_path / "models" / "MiniMind2-Small" / "config.json").is_file()
+    ids = torch.randint(0, TINY.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, ours(ids).logits, rtol=0, atol=1e-5)
+
+
+# --- MiniMind's weights in our model ------------------------------------------------------------
+
+
+def test_load_pretrained_minimind_formats(tmp_path):
+    """MiniMind's .pth (fp16 state dict, Llama names) and its Llama export (transformers):
+    logits equal to the original. fp16 files: exactly the fp32 model with fp16-rounded
+    weights; an fp32 export: within 1e-5 (float rounding of the same computation)."""
+    transformers = pytest.importorskip("transformers")
+    from minimind_lib.hf import load_pretrained, to_hf
+
+    torch.manual_seed(0)
+    ours = MiniMindForCausalLM(TINY).eval()
+    rounded = MiniMindForCausalLM(TINY).eval()
+    rounded.load_state_dict({k: v.half().float() for k, v in ours.state_dict().items()})
+    torch.save({k: v.half() for k, v in ours.state_dict().items()}, tmp_path / "full_sft_64.pth")
+    to_hf(ours).half().save_pretrained(tmp_path / "fp16")
+    to_hf(ours).save_pretrained(tmp_path / "fp32")
+    ids = torch.randint(0, TINY.vocab_size, (2, 16))
+    with torch.no_grad():
+        want, want16 = ours(ids).logits, rounded(ids).logits
+        theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "fp16",
+                                                               dtype=torch.float32)(ids).logits
+        pth = load_pretrained(tmp_path / "full_sft_64.pth")
+        assert pth.config == TINY  # inferred from the shapes (8 heads: MiniMind's default)
+        torch.testing.assert_close(pth(ids).logits, want16, rtol=0, atol=0)
+        torch.testing.assert_close(load_pretrained(tmp_path / "fp16")(ids).logits, theirs,
+                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(load_pretrained(tmp_path / "fp32")(ids).logits, want,
+                                   rtol=0, atol=1e-5)
+
+
+def test_load_pretrained_rejects_what_it_cannot_load(tmp_path):
+    from minimind_lib.hf import load_pretrained
+
+    torch.save({"model.embed_tokens.weight": torch.zeros(4, 8)}, tmp_path / "bad.pth")
+    with pytest.raises(ValueError, match="not a MiniMind / Llama state dict"):
+        load_pretrained(tmp_path / "bad.pth")
+    torch.save({"x": object()}, tmp_path / "pickle.pth")
+    with pytest.raises(ValueError, match="safely"):
+        load_pretrained(tmp_path / "pickle.pth")
+    with pytest.raises(FileNotFoundError, match="Hub repo id"):
+        load_pretrained(tmp_path / "missing")
+
+
+# --- activation checkpointing ----------------------------------------------------------------
+
+
+def test_checkpointing_keeps_a_third_of_the_activations_at_512_tokens():
+    """MiniMind2-Small at 512 tokens: bytes kept for backward per sequence, measured with
+    saved-tensor hooks, and the memory model's count (equal, byte for byte)."""
+    model = MiniMindForCausalLM(MiniMindConfig())
+    full = per_sequence(lambda b: measure_saved_bytes(model, b, 512))
+    model.gradient_checkpointing_enable()
+    kept = per_sequence(lambda b: measure_saved_bytes(model, b, 512))
+    assert kept <= 0.35 * full, (kept, full)
+    assert full == activation_bytes(MiniMindConfig(), 1, 512)
+    assert kept == activation_bytes(MiniMindConfig(), 1, 512, checkpointing=True)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_memory_model_equals_the_measurement(precision, checkpointing):
+    config = MiniMindConfig(vocab_size=512, hidden_size=96, num_hidden_layers=3,
+                            num_attention_heads=6, num_key_value_heads=2)
+    model = MiniMindForCausalLM(config)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    measured = per_sequence(lambda b: measure_saved_bytes(model, b, 64, precision=dtype))
+    assert measured == activation_bytes(config, 1, 64, precision, checkpointing)
+
+
+def test_checkpointing_gives_identical_training():
+    """Same seed, same data: every metrics row of a run with checkpointing equals the run
+    without (fp32 on the CPU recomputes bit for bit)."""
+    dataset = [{"input_ids": torch.randint(0, 300, (33,)), "labels": None} for _ in range(16)]
+    for item in dataset:
+        item["labels"] = item["input_ids"]
+    runs = []
+    for flag in (False, True):
+        torch.manual_seed(0)
+        model = MiniMindForCausalLM(TINY)
+        config = TrainConfig(batch_size=4, seq_len=32, max_steps=4, warmup_steps=1,
+                             precision="fp32", device="cpu", progress=False,
+                             gradient_checkpointing=flag)
+        runs.append(([(r["loss"], r["grad_norm"]) for r in train(model, dataset, config)],
+                     model.state_dict()))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_gpu_check_runs_end_to_end_in_its_dry_run():
+    """benchmarks/gpu_check.py has never met a GPU here: its --dry-run walks every part (speed
+    rows, AMP ratios, real steps) with a tiny model on the CPU, so the prepared script works
+    the day a GPU is lent."""
+    result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| gpu bf16+ckpt |" in result.stdout and "AMP claim, measured" in result.stdout
+    assert "real steps of the gpu profile" in result.stdout

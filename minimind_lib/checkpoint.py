@@ -56,7 +56,6 @@ from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.quantize import FORMAT as INT8_FORMAT
 from minimind_lib.quantize import install_int8_layers, quantized_groups
 
-
 #: The key of the model config in the safetensors header of a model folder's weights.
 CONFIG_METADATA_KEY = "minimind_config"
 

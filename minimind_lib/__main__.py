@@ -32,6 +32,7 @@ from minimind_lib.profiles import PROFILE_NAMES, get_profile
 from minimind_lib.stages import STAGES
 
 DEBUG_ENV = "MINIMIND_DEBUG"  # set to 1: errors show their traceback (as --debug does)
+
 #: extra subcommands: name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}

@@ -8,18 +8,25 @@ Every stage registered in ``minimind_lib.stages`` is a subcommand taking the sam
 
 A named stage always runs (its prerequisites only when missing); outputs go to
 ``<out>/<stage>/`` with ``<out>`` = ``runs/<profile>`` by default. Other commands (chat,
-serve, all, plan, download) go in ``COMMANDS``: a help line, a function adding their options,
-and a function running them. A user error (an unknown ``--set`` key, missing data) ends with one
-line on stderr and exit code 1.
+serve, all, plan, download, runs) go in ``COMMANDS``: a help line, a function adding their
+options, and a function running them.
+
+An error ends the command with one line on stderr and exit code 1 (Ctrl-C: 130); ``--debug``
+(or ``MINIMIND_DEBUG=1``) shows the traceback instead. Cheap arguments (ports, the output
+folder, sampling settings, ``--set`` keys, the data a profile needs) are checked before a model
+or data is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from minimind_lib import pipeline
 from minimind_lib.device import PRECISIONS
@@ -33,6 +40,8 @@ from minimind_lib.profiles import (
 )
 from minimind_lib.stages import STAGES
 
+DEBUG_ENV = "MINIMIND_DEBUG"  # set to 1: errors show their traceback (as --debug does)
+
 #: extra subcommands: name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}
@@ -45,6 +54,25 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "else auto: gpu with CUDA, else cpu)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="root of the stage folders (default: runs/<profile>)")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help=f"show the traceback of an error (or set {DEBUG_ENV}=1)")
+
+
+def check_out_dir(out: str | os.PathLike) -> None:
+    """Fail now, before any work, when ``out`` cannot become a writable folder."""
+    path = Path(out).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: no permission to write in {existing}")
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
 
 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +116,7 @@ def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_stage(name: str, args: argparse.Namespace) -> int:
     profile = chosen_profile(args)
+    check_out_dir(args.out or profile.runs_dir)
     check_data([name], profile)
     out = pipeline.ensure(name, profile, root=args.out, force=True,
                           resume=args.resume, device=args.device, precision=args.precision,
@@ -126,9 +155,12 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from minimind_lib.inference import ChatSession, SamplingParams, chat_loop
+    from minimind_lib.inference import ChatSession, SamplingError, SamplingParams, chat_loop
 
-    params = SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    try:
+        params = SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    except SamplingError as e:
+        raise ValueError(f"--{e.field.replace('_', '-')}: {e}") from None
     model, tokenizer = load_chosen_model(args)
     chat_loop(ChatSession(model, tokenizer, args.system, params))
     return 0
@@ -138,8 +170,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=None, help="TCP port (default 8998)")
+    parser.add_argument("--port", type=port_number, default=None,
+                        help="TCP port (default 8998)")
     parser.add_argument("--name", default="minimind", help="the model id clients see")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' (default: $MINIMIND_API_KEY, "
+                             "which keeps the key out of the process list; recommended "
+                             "whenever --host is not this machine)")
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Fail now, before the model loads, when ``host:port`` cannot be bound."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            s.bind((host, port))
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -148,14 +196,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from minimind_lib import serve
 
     port = args.port or serve.DEFAULT_PORT
+    api_key = args.api_key or os.environ.get(serve.API_KEY_ENV) or None
+    check_can_listen(args.host, port)
     model, tokenizer = load_chosen_model(args)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"warning: binding {args.host}: the server is reachable from other machines and "
-              "has no authentication", file=sys.stderr)
+              f"has no API key (set --api-key or {serve.API_KEY_ENV})", file=sys.stderr)
     print(f"serving on http://{args.host}:{port} (POST /generate, "
-          "POST /v1/chat/completions, GET /v1/models)", file=sys.stderr)
-    uvicorn.run(serve.create_app(model, tokenizer, model_name=args.name), host=args.host,
-                port=port, log_level="warning")
+          "POST /v1/chat/completions, GET /v1/models)"
+          + (", API key required" if api_key else ""), file=sys.stderr)
+    uvicorn.run(serve.create_app(model, tokenizer, model_name=args.name, api_key=api_key),
+                host=args.host, port=port, log_level="warning")
     return 0
 
 
@@ -166,6 +217,7 @@ def run_all(args: argparse.Namespace) -> int:
     profile = chosen_profile(args)
     check_data([s.name for s in pipeline.stages_in_all()], profile)
     root = args.out or profile.runs_dir
+    check_out_dir(root)
     start = time.perf_counter()
     for stage in pipeline.stages_in_all():
         pipeline.ensure(stage.name, profile, root=root, resume=args.resume, device=args.device,
@@ -277,6 +329,8 @@ COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minimind_lib",
                                      description="MiniMind from Scratch: run the course's stages.")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of an error (or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for stage in STAGES.values():
         p = sub.add_parser(stage.name, help=stage.description)
@@ -289,9 +343,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_error(e: BaseException) -> str:
+    """One line for the user: the message (an OS error's file and reason); the exception's
+    type too when it is not a plain bad-input error, since that is more likely a bug."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        message = f"{e.filename}: {e.strerror}"
+    else:
+        message = str(e) or type(e).__name__
+    if not isinstance(e, ValueError | OSError):
+        message = f"{type(e).__name__}: {message} (--debug shows the traceback)"
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        print(f"error: {describe_error(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ whole under a temporary name and renamed, and only then does ``latest`` point at
 kill at any moment leaves the previous checkpoint loadable.
 
 Loading is strict: a missing, unexpected or wrongly-shaped tensor is an error naming the
-file, never silently random weights.
+file, never silently random weights. So are a damaged weights file, NaN or infinite weights,
+and a ``config.json`` edited after saving (``save_model`` also records the config inside the
+weights file, and ``load_model`` compares the two).
 
 >>> import tempfile, torch
 >>> d = tempfile.mkdtemp()
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -53,35 +56,52 @@ from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.quantize import FORMAT as INT8_FORMAT
 from minimind_lib.quantize import install_int8_layers, quantized_groups
 
+#: The key of the model config in the safetensors header of a model folder's weights.
+CONFIG_METADATA_KEY = "minimind_config"
 
-class CheckpointMismatchError(ValueError):
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used; the message names the file."""
+
+
+class CheckpointMismatchError(CheckpointError):
     """Saved tensors do not fit the model (missing/unexpected keys or wrong shapes)."""
 
 
 # --- weights and model folders ---------------------------------------------------------
 
 
-def save_weights(module: nn.Module, path: str | Path) -> None:
-    """Save ``module``'s state dict as safetensors, atomically.
+def save_weights(module: nn.Module, path: str | Path,
+                 metadata: dict[str, str] | None = None) -> None:
+    """Save ``module``'s state dict as safetensors, atomically (``metadata`` goes in the header).
 
     subtle: tied tensors (``lm_head.weight`` is ``embed_tokens.weight``) share storage,
     which safetensors refuses to store twice; ``safetensors.torch.save_model`` keeps one
     name and ``load_model`` restores the tie.
     """
     with atomic_path(path) as tmp:
-        safetensors.torch.save_model(module, str(tmp))
+        safetensors.torch.save_model(module, str(tmp), metadata=metadata)
 
 
 def load_weights(module: nn.Module, path: str | Path, device: str | torch.device = "cpu") -> None:
-    """Load safetensors weights into ``module`` strictly; a mismatch names the file and keys."""
+    """Load safetensors weights into ``module`` strictly; a mismatch names the file and keys,
+    and a damaged file or a NaN/infinite weight is a ``CheckpointError`` naming the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such weights file")
     try:
         safetensors.torch.load_model(module, str(path), strict=True, device=str(device))
+    except safetensors.SafetensorError as e:  # cut short, overwritten, not safetensors at all
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); it is damaged "
+                              f"or incomplete: save or copy it again") from None
     except RuntimeError as e:  # missing/unexpected keys or size mismatch from load_state_dict
         detail = " ".join(str(e).split())
         raise CheckpointMismatchError(f"{path} does not fit the model: {detail}") from None
+    for name, tensor in module.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{path}: tensor {name!r} holds {bad:,} NaN or infinite "
+                                  f"values; refusing to load a broken model")
 
 
 def save_model(model: MiniMindForCausalLM, directory: str | Path) -> Path:
@@ -91,8 +111,9 @@ def save_model(model: MiniMindForCausalLM, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / QUANT_FILE).unlink(missing_ok=True)  # a plain model replacing an int8 one
-    atomic_write_text(directory / CONFIG_FILE, json.dumps(model.config.to_dict(), indent=2) + "\n")
-    save_weights(model, directory / WEIGHTS_FILE)
+    config = model.config.to_dict()
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+    save_weights(model, directory / WEIGHTS_FILE, {CONFIG_METADATA_KEY: json.dumps(config)})
     groups = quantized_groups(model)
     if groups:
         atomic_write_text(directory / QUANT_FILE,
@@ -111,12 +132,40 @@ def read_config(directory: str | Path) -> MiniMindConfig:
         raise ValueError(f"{path}: {e}") from None
 
 
+def check_saved_config(directory: str | Path, config: MiniMindConfig) -> None:
+    """Refuse a ``config.json`` that differs from the config ``save_model`` recorded in the
+    weights file's header (a changed ``rope_theta`` or context would load silently and give
+    wrong answers). Weights saved before the config was recorded carry none: nothing to check."""
+    weights, config_path = Path(directory) / WEIGHTS_FILE, Path(directory) / CONFIG_FILE
+    if not weights.is_file():
+        return  # load_weights reports it
+    try:
+        with safetensors.safe_open(str(weights), "pt") as f:
+            saved = (f.metadata() or {}).get(CONFIG_METADATA_KEY)
+    except safetensors.SafetensorError as e:
+        raise CheckpointError(f"{weights}: not a readable safetensors file ({e}); it is damaged "
+                              f"or incomplete: save or copy it again") from None
+    if saved is None:
+        return
+    saved, current = json.loads(saved), config.to_dict()
+    diff = [f"{k} is {current[k]!r} there but {saved[k]!r} in the weights"
+            for k in sorted(saved.keys() & current.keys()) if saved[k] != current[k]]
+    if diff:
+        raise CheckpointMismatchError(f"{config_path} does not match the config saved with "
+                                      f"{weights.name}: {'; '.join(diff)}")
+
+
 def _int8_groups(directory: Path) -> list[list[str]] | None:
     """The int8 module groups of ``directory`` (its ``quantization.json``), or None."""
     path = directory / QUANT_FILE
     if not path.is_file():
         return None
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != INT8_FORMAT:
         raise ValueError(f"{path}: format is {meta.get('format')!r}, expected {INT8_FORMAT!r}")
     return meta.get("groups") or []
@@ -126,7 +175,9 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu") -> Min
     """Rebuild the model ``save_model`` wrote (fp32/bf16 or int8); strict: the weights must fit
     the config (and the int8 groups) exactly."""
     directory = Path(directory)
-    model = MiniMindForCausalLM(read_config(directory))
+    config = read_config(directory)
+    check_saved_config(directory, config)
+    model = MiniMindForCausalLM(config)
     groups = _int8_groups(directory)
     if groups is not None:  # empty int8 modules of the right shapes; the weights come next
         install_int8_layers(model, groups, source=str(directory / QUANT_FILE))
@@ -205,4 +256,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, device: str | torch.devi
                 f"{path / CONFIG_FILE} was saved for another model config; "
                 f"differences (saved, current): {diff}")
     load_weights(model, path / WEIGHTS_FILE, device=device)
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{path / STATE_FILE}: cannot be read ({e})") from None

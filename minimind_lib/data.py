@@ -28,7 +28,14 @@ from tqdm.auto import tqdm
 from minimind_lib import DATA_DIR
 from minimind_lib.files import PRETOKENIZED_META, atomic_write_text
 from minimind_lib.model import IGNORE_INDEX
-from minimind_lib.tokenizer import END_OF_TEXT, IM_END, IM_START, BPETokenizer, chat_parts
+from minimind_lib.tokenizer import (
+    END_OF_TEXT,
+    IM_END,
+    IM_START,
+    BPETokenizer,
+    chat_parts,
+    text_problem,
+)
 
 SCHEMAS = ("pretrain", "sft", "dpo")
 ROLES = ("system", "user", "assistant")
@@ -58,6 +65,9 @@ def _check_messages(messages: object, field: str) -> str | None:
             return f"{field}[{i}].role is {m['role']!r}; expected one of {', '.join(ROLES)}"
         if not isinstance(m["content"], str):
             return f"{field}[{i}].content must be a string, got {type(m['content']).__name__}"
+        problem = text_problem(m["content"])
+        if problem:
+            return f"{field}[{i}].content {problem}"
     if not any(m["role"] == "assistant" for m in messages):
         return f"field {field!r} has no assistant message (nothing to learn from)"
     return None
@@ -74,7 +84,8 @@ def validate_record(record: object, schema: str) -> str | None:
             return f"field 'text' must be a string, got {type(record['text']).__name__}"
         if not record["text"].strip():
             return "field 'text' is empty"
-        return None
+        problem = text_problem(record["text"])
+        return f"field 'text' {problem}" if problem else None
     if schema == "sft":
         if "conversations" not in record:
             return "field 'conversations' is missing"
@@ -110,14 +121,11 @@ def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     n = 0
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is reported by its number
+        for lineno, raw in enumerate(f, start=1):
+            record = _parse_line(raw, path, lineno)
+            if record is None:
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
             problem = validate_record(record, schema)
             if problem:
                 raise DataFormatError(f"{path}:{lineno}: {problem}")
@@ -125,6 +133,34 @@ def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
             yield record
     if n == 0:
         raise DataFormatError(f"{path}: the file has no records")
+
+
+def _parse_line(raw: bytes, path: Path, lineno: int) -> object | None:
+    """The JSON value of one line (None for a blank line); a ``DataFormatError`` naming
+    ``path:lineno`` when the line is not UTF-8 or not JSON.
+
+    >>> _parse_line(b'{"text": "caf\\xc3\\xa9"}\\n', Path("x.jsonl"), 1)
+    {'text': 'café'}
+    >>> _parse_line(b'{"text": "caf\\xe9"}', Path("x.jsonl"), 7)
+    Traceback (most recent call last):
+    ...
+    minimind_lib.data.DataFormatError: x.jsonl:7: not valid UTF-8 (byte 0xe9 at column 14)
+    """
+    try:
+        # utf-8-sig on the first line: an editor's byte-order mark is not part of the JSON
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DataFormatError(f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                              f"column {e.start + 1})") from None
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") \
+            from None
+    except RecursionError:  # json recurses once per nesting level
+        raise DataFormatError(f"{path}:{lineno}: JSON nested too deeply to read") from None
 
 
 # --- where the data lives -------------------------------------------------------------

@@ -9,10 +9,13 @@ Two layers over ``MiniMindForCausalLM.stream`` (the one generation loop):
 
 ``minimind_lib.serve`` puts the same streams behind an OpenAI-compatible HTTP API.
 
+``SamplingParams`` is the one validator of sampling settings: the library, the server (a bad
+value is an HTTP 400 naming the field) and the CLI all build one.
+
 >>> SamplingParams(temperature=-1)
 Traceback (most recent call last):
 ...
-ValueError: temperature must be >= 0, got -1
+minimind_lib.inference.SamplingError: temperature must be a finite number >= 0, got -1
 """
 
 from __future__ import annotations
@@ -32,14 +35,41 @@ from torch import nn
 from minimind_lib.checkpoint import load_model
 from minimind_lib.device import pick_device
 from minimind_lib.files import TOKENIZER_FILE
-from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer, encode_chat, load_tokenizer
+from minimind_lib.model import sampling_problem
+from minimind_lib.tokenizer import (
+    END_OF_TEXT,
+    IM_END,
+    BPETokenizer,
+    encode_chat,
+    load_tokenizer,
+    text_problem,
+)
 
 STOP_TOKENS = (IM_END, END_OF_TEXT)  # a chat reply ends at either
+#: Seeds go to a ``torch.Generator``; the CPU one (a 32-bit Mersenne Twister) keeps only the low
+#: 32 bits, so 5 and 2**32 + 5 would give the same answer. Larger seeds are refused instead.
+MAX_SEED = 2**32 - 1
+
+
+class SamplingError(ValueError):
+    """A sampling setting out of range; ``field`` names it (``temperature``, ``seed``, ...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick the next tokens (see ``model.sample_next_token``); ``seed`` makes a sampled
-    answer repeatable, ``temperature=0`` is greedy."""
+    """How to pick the next tokens (see ``model.sample_next_token``); ``seed`` (0 ..
+    ``MAX_SEED``) makes a sampled answer repeatable, ``temperature=0`` is greedy (and so is any
+    temperature below ``model.MIN_TEMPERATURE``). A bad value raises ``SamplingError``.
+
+    >>> SamplingParams(seed=2**32)
+    Traceback (most recent call last):
+    ...
+    minimind_lib.inference.SamplingError: seed must be an integer in [0, 4294967295], got 4294967296
+    """
 
     max_new_tokens: int = 128
     temperature: float = 0.7
@@ -48,14 +78,18 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        def is_int(x: object) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise SamplingError("max_new_tokens", f"max_new_tokens must be an integer >= 1, "
+                                                  f"got {self.max_new_tokens!r}")
+        problem = sampling_problem(self.temperature, self.top_k, self.top_p)
+        if problem:
+            raise SamplingError(*problem)
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise SamplingError("seed", f"seed must be an integer in [0, {MAX_SEED}], "
+                                        f"got {self.seed!r}")
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -145,8 +179,10 @@ class ChatSession:
     """A conversation with the model in MiniMind's ChatML.
 
     ``send(text)`` adds the user turn and returns a ``TextStream`` of the answer; once the
-    stream is exhausted the answer joins the history.  When the history no longer fits the
-    context, the oldest turns (after the system message) are dropped.
+    stream is exhausted the turn and its answer join the history.  When the history no longer
+    fits the context, the oldest turns (after the system message) are dropped.  A message that
+    cannot be sent (too long for the context on its own, or not valid text) raises
+    ``ValueError`` at once and leaves the conversation as it was.
     """
 
     def __init__(self, model: nn.Module, tokenizer: BPETokenizer, system: str | None = None,
@@ -162,31 +198,46 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
     def send(self, text: str) -> Iterator[str]:
-        """Stream the answer to ``text`` chunk by chunk."""
-        self.messages.append({"role": "user", "content": text})
-        prompt = self._fit_prompt()
-        stream = TextStream(self.model, self.tokenizer, prompt, self.params)
-        yield from stream
-        self.messages.append({"role": "assistant", "content": stream.text})
+        """The answer to ``text``, chunk by chunk (checked before anything is generated)."""
+        problem = text_problem(text)
+        if problem:
+            raise ValueError(f"the message {problem}")
+        prompt, kept = self._fit_prompt([*self.messages, {"role": "user", "content": text}])
+        return self._answer(prompt, kept)
 
     def ask(self, text: str) -> str:
         """The whole answer to ``text``."""
         return "".join(self.send(text))
 
-    def _fit_prompt(self) -> list[int]:
-        budget = context_length(self.model) - self.params.max_new_tokens
+    def _answer(self, prompt: list[int], kept: list[dict]) -> Iterator[str]:
+        stream = TextStream(self.model, self.tokenizer, prompt, self.params)
+        yield from stream
+        self.messages = [*kept, {"role": "assistant", "content": stream.text}]
+
+    def _fit_prompt(self, messages: list[dict]) -> tuple[list[int], list[dict]]:
+        """The prompt of the newest messages that leave ``max_new_tokens`` of context, and
+        those messages (``messages`` itself is not changed)."""
+        context = context_length(self.model)
+        budget = context - self.params.max_new_tokens
+        first = 1 if messages[0]["role"] == "system" else 0
         while True:
-            prompt = encode_chat(self.tokenizer, self.messages, add_generation_prompt=True)
-            first = 1 if self.messages[0]["role"] == "system" else 0
-            if len(prompt) <= budget or len(self.messages) - first <= 1:
-                return prompt  # TextStream reports a single turn that is too long
-            del self.messages[first]  # the oldest turn goes first
+            prompt = encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+            if len(prompt) <= budget:
+                return prompt, messages
+            if len(messages) - first <= 1:
+                raise ValueError(
+                    f"the message is too long: the prompt would be {len(prompt)} tokens and the "
+                    f"answer up to {self.params.max_new_tokens} more, but the model's context is "
+                    f"{context} tokens")
+            messages = messages[:first] + messages[first + 1:]  # the oldest turn goes first
 
 
 def chat_loop(session: ChatSession, read: Callable[[str], str] = input,
               out: TextIO = sys.stdout) -> None:
     """The interactive chat of ``python -m minimind_lib chat``: answers stream to ``out`` as
-    they are generated; ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits."""
+    they are generated; ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits.
+    A message that cannot be sent is reported and the conversation goes on; Ctrl-C during an
+    answer stops that answer (the turn is forgotten)."""
     out.write("Chat with MiniMind. /reset starts over, /exit quits.\n")
     while True:
         try:
@@ -200,10 +251,18 @@ def chat_loop(session: ChatSession, read: Callable[[str], str] = input,
             session.reset()
             out.write("(conversation cleared)\n")
         elif text:
+            try:
+                answer = session.send(text)
+            except ValueError as e:
+                out.write(f"(not sent: {e})\n")
+                continue
             out.write("minimind> ")
-            for piece in session.send(text):
-                out.write(piece)
-                out.flush()
+            try:
+                for piece in answer:
+                    out.write(piece)
+                    out.flush()
+            except KeyboardInterrupt:
+                out.write(" (interrupted)")
             out.write("\n")
 
 # --------------------------------------------------------------------------- loading a model

@@ -35,6 +35,19 @@ class MiniMindConfig:
     Traceback (most recent call last):
     ...
     ValueError: hidden_size (100) must be divisible by num_attention_heads (8)
+
+    Every field is checked against its annotation (``int``, ``float``, ``bool``, or one of them
+    ``| None``) and its range, so a hand-edited ``config.json`` fails here, by field name,
+    rather than deep inside torch:
+
+    >>> MiniMindConfig(hidden_size=64.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: hidden_size must be an integer, got 64.0 (float)
+    >>> MiniMindConfig(rms_norm_eps=-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: rms_norm_eps must be > 0, got -1
     """
 
     vocab_size: int = 6400
@@ -50,10 +63,19 @@ class MiniMindConfig:
     tie_word_embeddings: bool = True
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            problem = _type_problem(getattr(self, f.name), str(f.type))
+            if problem:
+                raise ValueError(f"{f.name} {problem}")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.intermediate_size is not None and self.intermediate_size <= 0:
+            raise ValueError(f"intermediate_size must be positive, got {self.intermediate_size}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by "
@@ -82,11 +104,42 @@ class MiniMindConfig:
     @classmethod
     def from_dict(cls, d: dict) -> MiniMindConfig:
         """Inverse of ``to_dict``; unknown keys are an error naming them."""
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object of MiniMindConfig fields, got "
+                             f"{type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown MiniMindConfig field(s): {', '.join(unknown)}")
         return cls(**d)
+
+
+def _type_problem(value: object, annotation: str) -> str | None:
+    """What is wrong with ``value`` for a field annotated ``annotation``, or None.
+
+    Knows ``int``, ``float`` (an int is fine; NaN and infinities are not), ``bool`` and
+    ``X | None``; any other annotation is not checked here.
+
+    >>> _type_problem(True, "int"), _type_problem(None, "int | None"), _type_problem(1, "float")
+    ('must be an integer, got True (bool)', None, None)
+    >>> _type_problem(float("nan"), "float")
+    'must be a finite number, got nan'
+    """
+    kinds = [k.strip() for k in annotation.split("|")]
+    if value is None:
+        return None if "None" in kinds else f"must not be null (expected {annotation})"
+    kind = next((k for k in kinds if k != "None"), "")
+    got = f"{value!r} ({type(value).__name__})"
+    if kind == "bool" and not isinstance(value, bool):
+        return f"must be true or false, got {got}"
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"must be an integer, got {got}"
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, got {got}"
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+    return None
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -571,6 +624,35 @@ def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
+#: Below this temperature sampling is greedy. Dividing float32 logits by a smaller one can
+#: overflow (1e-40 is not even a normal float32) and gains nothing: at T = 1e-8 a runner-up
+#: only 1e-6 below the best logit is already exp(-100) times less likely.
+MIN_TEMPERATURE = 1e-8
+
+
+def sampling_problem(temperature: float, top_k: int | None = None,
+                     top_p: float | None = None) -> tuple[str, str] | None:
+    """``(field, what is wrong)`` for sampling settings ``sample_next_token`` cannot use, or None.
+
+    The one rule book: ``sample_next_token`` and ``inference.SamplingParams`` both apply it.
+
+    >>> sampling_problem(float("nan"))
+    ('temperature', 'temperature must be a finite number >= 0, got nan')
+    >>> sampling_problem(0.7, top_p=0) is not None, sampling_problem(0.0, top_k=5, top_p=1e-46)
+    (True, None)
+    """
+    def is_number(x: object) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not is_number(temperature) or temperature < 0:
+        return "temperature", f"temperature must be a finite number >= 0, got {temperature!r}"
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        return "top_k", f"top_k must be an integer >= 1, got {top_k!r}"
+    if top_p is not None and (not is_number(top_p) or not 0 < top_p <= 1):
+        return "top_p", f"top_p must be a number in (0, 1], got {top_p!r}"
+    return None
+
+
 def sample_next_token(
     logits: Tensor,
     temperature: float = 1.0,
@@ -578,21 +660,21 @@ def sample_next_token(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """One token per row from ``logits`` (B, V): greedy at temperature 0, else
-    temperature → top-k → top-p (Holtzman et al. 2019) → multinomial sample.
+    """One token per row from ``logits`` (B, V): greedy at temperature 0 (and below
+    ``MIN_TEMPERATURE``), else temperature → top-k → top-p (Holtzman et al. 2019) →
+    multinomial sample.
 
     >>> sample_next_token(torch.tensor([[0.0, 3.0, 1.0]]), temperature=0)
     tensor([1])
     >>> sample_next_token(torch.tensor([[0.0, 3.0, 1.0]]), top_k=1)
     tensor([1])
+    >>> sample_next_token(torch.tensor([[0.0, 3.0, 1.0]]), temperature=1e-40, top_p=1e-46)
+    tensor([1])
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature == 0:
+    problem = sampling_problem(temperature, top_k, top_p)
+    if problem:
+        raise ValueError(problem[1])
+    if temperature < MIN_TEMPERATURE:
         return logits.argmax(dim=-1)  # (B,)
     logits = logits / temperature  # (B, V)
     if top_k is not None and top_k < logits.shape[-1]:
@@ -601,8 +683,11 @@ def sample_next_token(
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
         probs = sorted_logits.softmax(dim=-1)
-        # drop a token when the ones ranked above it already reach top_p (the best stays)
+        # drop a token when the ones ranked above it already reach top_p
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p  # (B, V)
+        # subtle: the best token always stays. A top_p below float32's resolution (1e-46 is 0
+        # in float32) would otherwise drop it too, leaving nothing to sample.
+        drop_sorted[:, 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)  # (B, V)

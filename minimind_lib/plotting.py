@@ -13,21 +13,22 @@ the optimizer step; ``extra`` names further metrics to plot (DPO's reward margin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from minimind_lib.files import METRICS_FILE, read_json_lines
+
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a ``metrics.jsonl`` (one json object per line)."""
+    """The rows of a ``metrics.jsonl`` (one json object per line; a torn last line, left by
+    a killed run, is dropped with a warning: ``files.read_json_lines``)."""
     path = Path(path)
     if path.is_dir():
-        path = path / "metrics.jsonl"
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        path = path / METRICS_FILE
+    return read_json_lines(path)
 
 
 def _series(rows: Sequence[dict], key: str) -> tuple[list, list]:

@@ -103,6 +103,27 @@ def to_byte_level(text: str) -> str:
     return text.encode("utf-8").decode("latin-1").translate(_BYTE_TABLE)
 
 
+_SURROGATE = regex.compile("[\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be encoded (it has no UTF-8 bytes), or None when it can.
+
+    The one case: a lone surrogate (U+D800..U+DFFF), which a JSON ``"\\ud800"`` escape or a
+    terminal's undecodable input can put in a Python string.
+
+    >>> text_problem("héllo"), text_problem("ab\\ud800")
+    (None, 'holds a lone surrogate U+D800 at character 2 (not valid Unicode text)')
+    """
+    if text.isascii():
+        return None
+    bad = _SURROGATE.search(text)
+    if bad is None:
+        return None
+    return (f"holds a lone surrogate U+{ord(bad.group()):04X} at character {bad.start()} "
+            f"(not valid Unicode text)")
+
+
 def pretokenize(text: str) -> list[str]:
     """Split ``text`` into GPT-2 words (not yet byte-level mapped).
 

@@ -62,7 +62,7 @@ from tqdm.auto import tqdm
 
 from minimind_lib.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from minimind_lib.device import PRECISIONS, Precision, pick_device, pick_precision, seed_everything
-from minimind_lib.files import METRICS_FILE
+from minimind_lib.files import METRICS_FILE, atomic_write_text, read_json_lines
 
 LossFn = Callable[[nn.Module, dict], "tuple[torch.Tensor, dict[str, Any]]"]
 
@@ -405,8 +405,8 @@ class MetricsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = []
         if resume_step is not None and path.is_file():  # drop rows after the checkpoint
-            rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["step"] <= resume_step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            rows = [r for r in read_json_lines(path) if r["step"] <= resume_step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def write(self, row: dict) -> None:
         if self.path is not None:

@@ -90,8 +90,8 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(tmp_path, 
     # a crash inside the weights write itself: safetensors has written part of the file
     real_save = checkpoint.safetensors.torch.save_model
 
-    def partial_write(module, filename):
-        real_save(module, filename)
+    def partial_write(module, filename, **kwargs):
+        real_save(module, filename, **kwargs)
         with open(filename, "r+b") as f:
             f.truncate(100)
         raise OSError("disk full")

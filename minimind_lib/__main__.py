@@ -84,23 +84,21 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def chosen_profile(args: argparse.Namespace) -> Profile:
-    """The profile of ``--profile`` with ``--config`` then ``--set`` applied."""
-    try:
-        profile = get_profile(args.profile)
-        values = load_config(args.config) if getattr(args, "config", None) else {}
-        values |= parse_set(getattr(args, "sets", []))
-        return override(profile, values) if values else profile
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    """The profile of ``--profile`` with ``--config`` then ``--set`` applied (a bad key or
+    value is an error naming it)."""
+    profile = get_profile(args.profile)
+    values = load_config(args.config) if getattr(args, "config", None) else {}
+    values |= parse_set(getattr(args, "sets", []))
+    return override(profile, values) if values else profile
 
 
 def check_data(stages: list[str], profile: Profile) -> None:
-    """Exit with one line when the data ``stages`` need is missing (e.g. ``full`` before
-    ``download data``)."""
+    """Fail before anything starts when the data ``stages`` need is missing (e.g. ``full``
+    before ``download data``); the message names the command that fetches it."""
     try:
         pipeline.check_data(stages, profile)
     except FileNotFoundError as e:
-        sys.exit(f"error: profile {profile.name}: {e}")
+        raise FileNotFoundError(f"profile {profile.name}: {e}") from None
 
 
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -268,12 +266,9 @@ def add_download_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_download(args: argparse.Namespace) -> int:
-    from minimind_lib.download import DownloadError, download
+    from minimind_lib.download import download
 
-    try:
-        folder = download(args.what, args.to, source=args.source, repo_id=args.repo)
-    except (DownloadError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    folder = download(args.what, args.to, source=args.source, repo_id=args.repo)
     if args.what == "data":
         print(f"done: use it with MINIMIND_DATA_DIR={folder} (the full profile looks in "
               "data/minimind/ by default)")

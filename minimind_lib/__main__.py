@@ -7,7 +7,7 @@ Every stage registered in ``minimind_lib.stages`` is a subcommand taking the sam
 
 A named stage always runs (its prerequisites only when missing); outputs go to
 ``<out>/<stage>/`` with ``<out>`` = ``runs/<profile>`` by default. Other commands (chat,
-serve, all) go in ``COMMANDS``: a help line, a function adding their options, and a function
+serve, export, all) go in ``COMMANDS``: a help line, a function adding their options, and a function
 running them.
 """
 
@@ -118,6 +118,34 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    from minimind_lib.export import FORMATS, GGUF_DTYPES
+
+    parser.add_argument("--format", choices=FORMATS, required=True,
+                        help="gguf: one file for llama.cpp / Ollama; hf: a transformers folder")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="a model folder (a stage folder such as runs/cpu/dpo)")
+    parser.add_argument("--out", required=True, metavar="PATH",
+                        help="the .gguf file, or the Hugging Face folder, to write")
+    parser.add_argument("--dtype", choices=GGUF_DTYPES, default=None,
+                        help="gguf only: tensor type of the weights (default f16)")
+    parser.add_argument("--name", default=None,
+                        help="gguf only: the model name in the file (default minimind-<folder>)")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from minimind_lib.export import export
+
+    try:
+        path = export(args.model, args.out, args.format, dtype=args.dtype, name=args.name)
+    except (FileNotFoundError, ValueError) as e:  # a user error: the message, no traceback
+        print(f"export: {e}", file=sys.stderr)
+        return 2
+    size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size
+    print(f"export: {args.model} -> {path} ({args.format}, {size / 1e6:.2f} MB)")
+    return 0
+
+
 def run_all(args: argparse.Namespace) -> int:
     """Every stage in order (finished, up-to-date ones are reused), then the report."""
     from minimind_lib.report import write_report
@@ -139,6 +167,8 @@ COMMANDS["all"] = (f"every stage ({', '.join(s.name for s in pipeline.stages_in_
 COMMANDS["chat"] = ("talk to the model in the terminal", add_chat_arguments, run_chat)
 COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
                      run_serve)
+COMMANDS["export"] = ("write a model folder as GGUF (llama.cpp, Ollama) or a Hugging Face folder",
+                      add_export_arguments, run_export)
 
 
 def build_parser() -> argparse.ArgumentParser:

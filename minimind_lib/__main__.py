@@ -18,11 +18,12 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from minimind_lib import pipeline
 from minimind_lib.device import PRECISIONS
 from minimind_lib.profiles import PROFILE_NAMES, get_profile
-from minimind_lib.stages import STAGES
+from minimind_lib.stages import STAGES, read_marker
 
 #: extra subcommands: name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
@@ -66,10 +67,22 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cuda | mps | cpu (default: best)")
 
 
+def chosen_model_dir(args: argparse.Namespace) -> str | Path:
+    return args.model or pipeline.find_model_dir(args.out or get_profile(args.profile).runs_dir)
+
+
+def model_card(model_dir: str | Path) -> dict:
+    """Profile and stage of a stage folder (its ``stage.json``), for the served model card."""
+    marker = read_marker(Path(model_dir))
+    if marker is None:  # a folder not written by a stage
+        return {}
+    return {"profile": marker["fingerprint"].get("profile"), "stage": marker["stage"]}
+
+
 def load_chosen_model(args: argparse.Namespace):
     from minimind_lib.inference import load_for_serving
 
-    model_dir = args.model or pipeline.find_model_dir(args.out or get_profile(args.profile).runs_dir)
+    model_dir = chosen_model_dir(args)
     model, tokenizer = load_for_serving(model_dir, args.device)
     print(f"model: {model_dir} ({model.num_parameters():,} parameters)", file=sys.stderr)
     return model, tokenizer
@@ -111,10 +124,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding {args.host}: the server is reachable from other machines and "
               "has no authentication", file=sys.stderr)
-    print(f"serving on http://{args.host}:{port} (POST /generate, "
+    print(f"serving on http://{args.host}:{port} (the chat page at /; POST /generate, "
           "POST /v1/chat/completions, GET /v1/models)", file=sys.stderr)
-    uvicorn.run(serve.create_app(model, tokenizer, model_name=args.name), host=args.host,
-                port=port, log_level="warning")
+    app = serve.create_app(model, tokenizer, model_name=args.name,
+                           model_card=model_card(chosen_model_dir(args)))
+    uvicorn.run(app, host=args.host, port=port, log_level="warning")
     return 0
 
 

@@ -73,10 +73,9 @@ def chosen_model_dir(args: argparse.Namespace) -> str | Path:
 
 def model_card(model_dir: str | Path) -> dict:
     """Profile and stage of a stage folder (its ``stage.json``), for the served model card."""
-    marker = read_marker(Path(model_dir))
-    if marker is None:  # a folder not written by a stage
-        return {}
-    return {"profile": marker["fingerprint"].get("profile"), "stage": marker["stage"]}
+    marker = read_marker(Path(model_dir)) or {}  # none: a folder not written by a stage
+    card = {"profile": marker.get("fingerprint", {}).get("profile"), "stage": marker.get("stage")}
+    return {k: v for k, v in card.items() if v is not None}
 
 
 def load_chosen_model(args: argparse.Namespace):

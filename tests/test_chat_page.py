@@ -95,6 +95,13 @@ def test_models_lists_the_model_card(server, model):
     assert (entry["profile"], entry["stage"]) == ("smoke", "sft")
 
 
+def test_serve_reads_the_card_from_the_stage_folder(smoke_runs, tmp_path):
+    from minimind_lib.__main__ import model_card
+
+    assert model_card(smoke_runs / "sft") == {"profile": "smoke", "stage": "sft"}
+    assert model_card(tmp_path) == {}  # a folder no stage wrote
+
+
 # --------------------------------------------------------------------------- the browser
 
 CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

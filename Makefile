@@ -45,7 +45,7 @@ browser:
 
 ## llama-cpp: llama-cpp-python (compiles llama.cpp: ~10 min on 2 cores) for tests/test_llama_cpp.py
 llama-cpp: setup
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[dev,serve,llama]'
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q 'llama-cpp-python>=0.3'
 
 lint: setup
 	$(VENV)/bin/ruff check minimind_lib tests scripts benchmarks

@@ -1,6 +1,6 @@
 """The GGUF export run by llama.cpp itself (through llama-cpp-python): same tokens for the same
-text, same logits, the same greedy tokens, and the same chat answer from the file's own chat
-template. Optional: llama-cpp-python compiles llama.cpp from source (``make llama-cpp``,
+text; in f32 the same logits (1e-4), greedy tokens and chat answer (from the file's own chat
+template); in f16 and q8_0 logits within the format's rounding along llama.cpp's greedy path. Optional: llama-cpp-python compiles llama.cpp from source (``make llama-cpp``,
 about 10 minutes on 2 cores), so this module skips where ``llama_cpp`` is not importable;
 tests/test_export.py checks the file without it."""
 
@@ -114,22 +114,29 @@ def test_llama_cpp_logits_and_greedy_tokens_equal_ours_f32(smoke_runs, tmp_path,
         assert tokens == expected[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
-def test_llama_cpp_greedy_tokens_equal_ours_in_f16_and_q8_0(smoke_runs, tmp_path, open_gguf,
-                                                             dtype):
-    """The same file's weights in our model (``load_gguf``) and in llama.cpp: greedy tokens
-    equal; logits within the format's rounding (llama.cpp also rounds the activations of a
-    q8_0 matmul to 8 bits; measured ~3e-3 for f16, ~4e-2 for q8_0, on logits of ~8)."""
+@pytest.mark.parametrize("dtype,bound", [("f16", 0.02), ("q8_0", 0.2)])
+def test_llama_cpp_greedy_path_in_f16_and_q8_0(smoke_runs, tmp_path, open_gguf, dtype, bound):
+    """The same file's weights in our model (``load_gguf``) and in llama.cpp, along llama.cpp's
+    own greedy path: every logit within ``bound`` of ours, so each token it picks is ours or
+    one within 2 x bound of our best (a near-tie).
+
+    Why not plain equality: llama.cpp also rounds activations (to 8 bits in a q8_0 matmul);
+    measured on logits of ~8, f16 moves them by ~5e-3 and q8_0 by up to ~0.14. On the
+    cpu-profile model greedy q8_0 answers then part from ours within 32 tokens on 5 of 8
+    prompts, each time where our top two logits were within 0.016: a tie broken the other way.
+    f32 has no such rounding, and test_llama_cpp_logits_and_greedy_tokens_equal_ours_f32
+    asserts equal tokens."""
     path = export(smoke_runs / "sft", tmp_path / "m.gguf", "gguf", dtype)
     model, llm = load_gguf(path)[0], open_gguf(path)
     for messages in questions():
         ids = encode_chat(TOK, messages, add_generation_prompt=True)
-        logits, tokens = greedy_llama_cpp(llm, ids, NEW_TOKENS)
-        with torch.no_grad():
-            ours = model(torch.tensor([ids])).logits[0].numpy()
-        assert np.abs(logits - ours).max() < (0.02 if dtype == "f16" else 0.2)
-        expected = model.generate(torch.tensor([ids]), NEW_TOKENS, temperature=0)
-        assert tokens == expected[0, len(ids):].tolist()
+        _, tokens = greedy_llama_cpp(llm, ids, NEW_TOKENS)
+        theirs = np.array(llm.scores[:len(ids) + NEW_TOKENS - 1])  # every position it evaluated
+        with torch.no_grad():  # ours, teacher-forced on llama.cpp's tokens
+            ours = model(torch.tensor([ids + tokens[:-1]])).logits[0].numpy()
+        assert np.abs(theirs - ours).max() < bound
+        picked = ours[np.arange(len(ids) - 1, len(ours)), tokens]  # (NEW_TOKENS,)
+        assert (ours[len(ids) - 1:].max(-1) - picked <= 2 * bound).all()
 
 
 def test_llama_cpp_chat_uses_the_files_template_and_stop_token(smoke_runs, tmp_path, open_gguf):

@@ -151,7 +151,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     try:
         path = export(args.model, args.out, args.format, dtype=args.dtype, name=args.name)
-    except (FileNotFoundError, ValueError) as e:  # a user error: the message, no traceback
+    except (FileNotFoundError, ValueError, ImportError) as e:  # user errors: no traceback
         print(f"export: {e}", file=sys.stderr)
         return 2
     size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size

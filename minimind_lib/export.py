@@ -73,6 +73,15 @@ GGUF_NAMES = {
 }
 
 
+def _gguf():
+    """The ``gguf`` package (llama.cpp's reader/writer), an optional dependency."""
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("GGUF files need the gguf package: pip install -e '.[export]'") from None
+    return gguf
+
+
 # --- the q/k row order -------------------------------------------------------------------
 
 
@@ -124,7 +133,7 @@ def check_exportable(config: MiniMindConfig, source: str) -> None:
 def _gguf_tensors(model: MiniMindForCausalLM, dtype: str) -> list[tuple[str, np.ndarray, object]]:
     """(GGUF name, array, GGML type) of every tensor, q/k rows interleaved, in ``dtype``
     (1-D norm weights always f32, as llama.cpp's converter keeps them)."""
-    import gguf
+    gguf = _gguf()
 
     config, out = model.config, []
     for name, tensor in model.state_dict().items():
@@ -148,7 +157,7 @@ def _gguf_tensors(model: MiniMindForCausalLM, dtype: str) -> list[tuple[str, np.
 
 
 def _add_tokenizer(writer, tokenizer: BPETokenizer, vocab_size: int) -> None:
-    import gguf
+    gguf = _gguf()
 
     if tokenizer.add_prefix_space or not tokenizer.use_regex or tokenizer.ignore_merges:
         raise ValueError("GGUF export needs a GPT-2 style byte-level BPE (add_prefix_space "
@@ -186,7 +195,7 @@ def write_gguf(model: MiniMindForCausalLM, tokenizer: BPETokenizer, path: str | 
     ``dtype``: "f32", "f16" (half the bytes) or "q8_0" (llama.cpp's 8-bit blocks: 32 int8
     values and one f16 scale, ~0.27x the f32 bytes).
     """
-    import gguf
+    gguf = _gguf()
 
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(GGUF_DTYPES)}, got {dtype!r}")
@@ -253,7 +262,7 @@ def _read_config(reader, source: Path, tied: bool) -> MiniMindConfig:
 
 
 def _read_tokenizer(reader, source: Path) -> BPETokenizer:
-    import gguf
+    gguf = _gguf()
 
     tokens = _field(reader, "tokenizer.ggml.tokens", source)
     types = _field(reader, "tokenizer.ggml.token_type", source)
@@ -269,7 +278,7 @@ def _read_tokenizer(reader, source: Path) -> BPETokenizer:
 def load_gguf(path: str | os.PathLike) -> tuple[MiniMindForCausalLM, BPETokenizer]:
     """Our model (fp32, q/k rows back in rotate-half order) and tokenizer from a GGUF file
     ``write_gguf`` wrote (or any ``llama`` GGUF with a GPT-2 style tokenizer)."""
-    import gguf
+    gguf = _gguf()
 
     path = Path(path)
     if not path.is_file():
@@ -311,6 +320,8 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str,
     if (model_dir / QUANT_FILE).is_file():
         raise ValueError(f"{model_dir / QUANT_FILE}: an int8 folder; export the fp32 model it "
                          "came from (e.g. the dpo stage) instead, with --dtype q8_0 for 8 bits")
+    if format == "gguf" and Path(out).is_dir():
+        raise ValueError(f"{out} is a folder; --out names the .gguf file to write")
     check_exportable(read_config(model_dir), str(model_dir))
     model, tokenizer = load_model(model_dir), find_tokenizer(model_dir)
     if format == "gguf":

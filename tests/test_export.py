@@ -7,6 +7,7 @@ and the CLI. tests/test_llama_cpp.py runs the file in llama.cpp itself where it 
 """
 
 import math
+import sys
 
 import gguf
 import numpy as np
@@ -260,14 +261,24 @@ def test_cli_user_errors_are_one_line_without_traceback(model_dir, tmp_path, cap
     cases = [
         (["--format", "gguf", "--model", str(tmp_path / "nowhere")], "config.json: no such file"),
         (["--format", "hf", "--model", str(model_dir), "--dtype", "f16"], "applies to gguf only"),
+        (["--format", "gguf", "--model", str(model_dir), "--out", str(tmp_path)], "is a folder"),
     ]
     int8_dir = save_model(quantize_int8(load_model(model_dir)), tmp_path / "int8")
     cases.append((["--format", "gguf", "--model", str(int8_dir)], "an int8 folder"))
     for args, message in cases:
-        assert main(["export", *args, "--out", str(tmp_path / "x.gguf")]) == 2
+        out = [] if "--out" in args else ["--out", str(tmp_path / "x.gguf")]
+        assert main(["export", *args, *out]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_without_the_gguf_package_the_cli_says_what_to_install(model_dir, tmp_path, capsys,
+                                                                monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # makes `import gguf` fail
+    assert main(["export", "--format", "gguf", "--model", str(model_dir),
+                 "--out", str(tmp_path / "x.gguf")]) == 2
+    assert "pip install -e '.[export]'" in capsys.readouterr().err
 
 
 def test_export_refuses_what_llama_cpp_cannot_run(model_dir, tmp_path, monkeypatch):

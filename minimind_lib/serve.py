@@ -4,8 +4,8 @@
 out), ``POST /v1/chat/completions`` (plain and streaming server-sent events) and
 ``GET /v1/models`` (with the model card: parameters, profile, stage), so standard OpenAI clients
 can talk to it, and ``GET /``: a chat page (``static/chat.html``, plain HTML and JavaScript that
-streams from ``/v1/chat/completions``; nothing loaded from elsewhere, so it works offline). The text comes from
-``minimind_lib.inference.TextStream``, the same stream the terminal chat uses.
+streams from ``/v1/chat/completions``; nothing loaded from elsewhere, so it works offline). The
+text comes from ``minimind_lib.inference.TextStream``, the same stream the terminal chat uses.
 
 Requests are validated (known roles, temperature ≥ 0, top_p in (0, 1], prompt plus new
 tokens within the model's context); a bad one gets HTTP 400 with an OpenAI-style error body

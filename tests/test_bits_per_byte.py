@@ -70,8 +70,8 @@ def test_a_uniform_model_costs_log2_vocab_bits_per_token():
         model.lm_head.weight.zero_()
     ids = [TOK.encode(t, allowed_special=set()) for t in TEXTS]
     tokens = sum(len(i) - 1 for i in ids if len(i) > 1)
-    n_bytes = sum(len(t.encode()) - len(TOK.token_bytes(i[0])) for t, i in zip(TEXTS, ids, strict=True)
-                  if len(i) > 1)
+    n_bytes = sum(len(t.encode()) - len(TOK.token_bytes(i[0]))
+                  for t, i in zip(TEXTS, ids, strict=True) if len(i) > 1)
     expected = math.log2(model.config.vocab_size) * tokens / n_bytes
     assert bits_per_byte(model, TOK, TEXTS) == pytest.approx(expected, rel=1e-6)
 

@@ -58,7 +58,8 @@ def interleaved_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     freqs = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
     angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)  # (T, D/2)
     z = torch.view_as_complex(x.double().reshape(T, -1, D // 2, 2).contiguous())  # (T, H, D/2)
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)[:, None]).reshape(x.shape)
+    rotation = torch.polar(torch.ones_like(angles), angles)[:, None]  # (T, 1, D/2)
+    return torch.view_as_real(z * rotation).reshape(x.shape)
 
 
 def test_interleaving_the_rows_turns_rotate_half_into_interleaved_rope():
@@ -299,5 +300,6 @@ def test_gguf_of_the_smoke_sft_model_answers_like_it(smoke_runs, tmp_path):
     back, tokenizer = load_gguf(export(smoke_runs / "sft", tmp_path / "sft.gguf", "gguf",
                                        dtype="f32"))
     ids = prompt_ids("1 + 2 =")
-    assert torch.equal(back.generate(ids, 12, temperature=0), model.generate(ids, 12, temperature=0))
+    assert torch.equal(back.generate(ids, 12, temperature=0),
+                       model.generate(ids, 12, temperature=0))
     assert np.array_equal(tokenizer.encode("你好<|im_end|>"), TOK.encode("你好<|im_end|>"))

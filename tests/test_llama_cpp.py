@@ -1,8 +1,9 @@
 """The GGUF export run by llama.cpp itself (through llama-cpp-python): same tokens for the same
 text; in f32 the same logits (1e-4), greedy tokens and chat answer (from the file's own chat
-template); in f16 and q8_0 logits within the format's rounding along llama.cpp's greedy path. Optional: llama-cpp-python compiles llama.cpp from source (``make llama-cpp``,
-about 10 minutes on 2 cores), so this module skips where ``llama_cpp`` is not importable;
-tests/test_export.py checks the file without it."""
+template); in f16 and q8_0 logits within the format's rounding along llama.cpp's greedy path.
+Optional: llama-cpp-python compiles llama.cpp from source (``make llama-cpp``, about 10 minutes
+on 2 cores), so this module skips where ``llama_cpp`` is not importable; tests/test_export.py
+checks the file without it."""
 
 import numpy as np
 import pytest

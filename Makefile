@@ -13,7 +13,7 @@ export PYTHONHASHSEED := 0
 # each barrier). Override with `make test TEST_THREADS=2`.
 TEST_THREADS ?= 1
 
-.PHONY: setup run test lint unit notebooks lab data data-full bench clean
+.PHONY: setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp
 
 setup: $(STAMP)
 
@@ -28,7 +28,24 @@ run: setup
 	$(PY) -m minimind_lib all --profile $(PROFILE)
 
 ## test: ruff + unit/equivalence tests + every notebook under nbval with the smoke profile
-test: setup lint unit notebooks
+test: setup browser lint unit notebooks
+
+## browser: Debian's chromium + chromium-driver for the chat page's browser test (apt-get, as
+## root or through sudo); where they cannot be installed the test skips and says so
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null \
+		|| echo "warning: could not install chromium: the chat page's browser test will skip"; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
+		sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver >/dev/null \
+		|| echo "warning: could not install chromium: the chat page's browser test will skip"; \
+	else echo "warning: chromium/chromium-driver missing and no root to apt-get them: the chat \
+	page's browser test will skip"; fi
+
+## llama-cpp: llama-cpp-python (compiles llama.cpp: ~10 min on 2 cores) for tests/test_llama_cpp.py
+llama-cpp: setup
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q 'llama-cpp-python>=0.3'
 
 lint: setup
 	$(VENV)/bin/ruff check minimind_lib tests scripts benchmarks

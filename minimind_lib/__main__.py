@@ -8,8 +8,8 @@ Every stage registered in ``minimind_lib.stages`` is a subcommand taking the sam
 
 A named stage always runs (its prerequisites only when missing); outputs go to
 ``<out>/<stage>/`` with ``<out>`` = ``runs/<profile>`` by default. Other commands (chat,
-serve, all, plan, download, runs) go in ``COMMANDS``: a help line, a function adding their
-options, and a function running them.
+serve, export, all, plan, download, runs) go in ``COMMANDS``: a help line, a function adding
+their options, and a function running them.
 
 An error ends the command with one line on stderr and exit code 1 (Ctrl-C: 130); ``--debug``
 (or ``MINIMIND_DEBUG=1``) shows the traceback instead. Cheap arguments (ports, the output
@@ -38,7 +38,7 @@ from minimind_lib.profiles import (
     override,
     parse_set,
 )
-from minimind_lib.stages import STAGES
+from minimind_lib.stages import STAGES, read_marker
 
 DEBUG_ENV = "MINIMIND_DEBUG"  # set to 1: errors show their traceback (as --debug does)
 
@@ -134,10 +134,21 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cuda | mps | cpu (default: best)")
 
 
+def chosen_model_dir(args: argparse.Namespace) -> str | Path:
+    return args.model or pipeline.find_model_dir(args.out or get_profile(args.profile).runs_dir)
+
+
+def model_card(model_dir: str | Path) -> dict:
+    """Profile and stage of a stage folder (its ``stage.json``), for the served model card."""
+    marker = read_marker(Path(model_dir)) or {}  # none: a folder not written by a stage
+    card = {"profile": marker.get("fingerprint", {}).get("profile"), "stage": marker.get("stage")}
+    return {k: v for k, v in card.items() if v is not None}
+
+
 def load_chosen_model(args: argparse.Namespace):
     from minimind_lib.inference import load_for_serving
 
-    model_dir = args.model or pipeline.find_model_dir(args.out or get_profile(args.profile).runs_dir)
+    model_dir = chosen_model_dir(args)
     model, tokenizer = load_for_serving(model_dir, args.device)
     print(f"model: {model_dir} ({model.num_parameters():,} parameters)", file=sys.stderr)
     return model, tokenizer
@@ -200,11 +211,36 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"warning: binding {args.host}: the server is reachable from other machines and "
               f"has no API key (set --api-key or {serve.API_KEY_ENV})", file=sys.stderr)
-    print(f"serving on http://{args.host}:{port} (POST /generate, "
+    print(f"serving on http://{args.host}:{port} (the chat page at /; POST /generate, "
           "POST /v1/chat/completions, GET /v1/models)"
           + (", API key required" if api_key else ""), file=sys.stderr)
-    uvicorn.run(serve.create_app(model, tokenizer, model_name=args.name, api_key=api_key),
-                host=args.host, port=port, log_level="warning")
+    app = serve.create_app(model, tokenizer, model_name=args.name, api_key=api_key,
+                           model_card=model_card(chosen_model_dir(args)))
+    uvicorn.run(app, host=args.host, port=port, log_level="warning")
+    return 0
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    from minimind_lib.export import FORMATS, GGUF_DTYPES
+
+    parser.add_argument("--format", choices=FORMATS, required=True,
+                        help="gguf: one file for llama.cpp / Ollama; hf: a transformers folder")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="a model folder (a stage folder such as runs/cpu/dpo)")
+    parser.add_argument("--out", required=True, metavar="PATH",
+                        help="the .gguf file, or the Hugging Face folder, to write")
+    parser.add_argument("--dtype", choices=GGUF_DTYPES, default=None,
+                        help="gguf only: tensor type of the weights (default f16)")
+    parser.add_argument("--name", default=None,
+                        help="gguf only: the model name in the file (default minimind-<folder>)")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from minimind_lib.export import export
+
+    path = export(args.model, args.out, args.format, dtype=args.dtype, name=args.name)
+    size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size
+    print(f"export: {args.model} -> {path} ({args.format}, {size / 1e6:.2f} MB)")
     return 0
 
 
@@ -319,6 +355,8 @@ COMMANDS["runs"] = ("list the stage folders and kept previous runs (with disk us
                     add_runs_arguments, run_runs)
 COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
                      run_serve)
+COMMANDS["export"] = ("write a model folder as GGUF (llama.cpp, Ollama) or a Hugging Face folder",
+                      add_export_arguments, run_export)
 
 
 def build_parser() -> argparse.ArgumentParser:

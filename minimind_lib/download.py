@@ -50,7 +50,7 @@ ARTIFACTS = {
 }
 
 
-class DownloadError(RuntimeError):
+class DownloadError(OSError):
     """What to fetch is not available (offline and not cached, unknown repo, missing extra)."""
 
 

@@ -5,6 +5,9 @@ Two kinds of measurement, both on data the model never trained on (``data/eval/`
 * **perplexity** of held-out text: ``exp(-(1/N) sum_t log p(x_t | x_<t))`` over the ``N``
   predicted tokens of one token stream (documents joined by ``<|endoftext|>``, as in
   pretraining). It needs no generation and works on any model, pretrained or chat.
+* **bits per byte** of the same text: the summed NLL divided by ``ln 2`` times the UTF-8 bytes
+  the predicted tokens spell. Perplexity is per *token*, so it only compares models that share
+  a tokenizer; bits per byte compares any two (ours, MiniMind2-Small, a Hugging Face model).
 * **questions** with a checkable answer, answered greedily through the chat template
   (``generate_answers``), then scored per task (``evaluate_sft``):
 
@@ -38,6 +41,7 @@ from tqdm.auto import tqdm
 from minimind_lib import DATA_DIR
 from minimind_lib.data import DataFormatError, read_jsonl
 from minimind_lib.files import EVAL_FILE
+from minimind_lib.model import IGNORE_INDEX
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, SPECIAL_TOKENS, BPETokenizer, encode_chat
 
 EVAL_DIR = DATA_DIR / "eval"
@@ -141,12 +145,8 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
-    if isinstance(texts_or_path, str | Path):
-        texts = [r["text"] for r in read_jsonl(texts_or_path, "pretrain")]
-    else:
-        texts = list(texts_or_path)
     eos = tokenizer.token_to_id(END_OF_TEXT)
-    encoded = tokenizer.encode_batch(texts, allowed_special=set())
+    encoded = tokenizer.encode_batch(_texts(texts_or_path), allowed_special=set())
     stream = [i for ids in encoded for i in ids + [eos]][:max_tokens]
     if len(stream) < 2:
         raise ValueError("perplexity needs at least 2 tokens of text")
@@ -168,6 +168,95 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
             count += ids[:, 1:].numel()
     model.train(was_training)
     return math.exp(total_nll / count)
+
+
+def _texts(texts_or_path: Sequence[str] | str | Path) -> list[str]:
+    """A list of texts as given, or the ``"text"`` fields of a pretraining-format jsonl file."""
+    if isinstance(texts_or_path, str | Path):
+        return [r["text"] for r in read_jsonl(texts_or_path, "pretrain")]
+    return list(texts_or_path)
+
+
+# --- bits per byte -----------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def bits_per_byte(model: nn.Module, tokenizer: BPETokenizer,
+                  texts_or_path: Sequence[str] | str | Path, *, context: int | None = None,
+                  max_tokens: int | None = None, batch_size: int = 8,
+                  progress: bool = False) -> float:
+    """Bits per UTF-8 byte of held-out text: how many bits the model needs, on average, to
+    encode each byte of it (lower is better; a tokenizer-independent form of perplexity).
+
+    Each text is encoded without special tokens and cut to its first ``context`` tokens
+    (default: the model's ``max_position_embeddings``); tokens 2..n of it are predicted
+    from the tokens before them. With ``B`` the UTF-8 bytes those predicted tokens spell::
+
+        bits/byte = sum_texts sum_{t=2..n} -ln p(x_t | x_<t)  /  (ln 2 * sum_texts B)
+
+    (the measure of Gao et al. 2020, "The Pile"; over the same ``N`` predicted tokens,
+    ``perplexity = 2 ** (bits/byte * B / N)``). ``max_tokens`` keeps only the first texts whose
+    predicted tokens fit in that budget (at least one text).
+
+    ``model``: ours or a ``transformers`` causal LM (anything whose output has ``.logits``);
+    ``tokenizer``: anything with ``encode_batch(texts, allowed_special=set())`` and
+    ``token_bytes(id)``: a ``BPETokenizer``, or ``hf.ByteLevelTokenizer`` around a Hugging Face
+    tokenizer.
+
+    >>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    >>> from minimind_lib.tokenizer import load_tokenizer
+    >>> _ = torch.manual_seed(0)
+    >>> tiny = MiniMindForCausalLM(MiniMindConfig(hidden_size=16, num_hidden_layers=1,
+    ...                            num_attention_heads=2, num_key_value_heads=1))
+    >>> bpb = bits_per_byte(tiny, load_tokenizer(), ["a held-out sentence."] * 4)
+    >>> 3 < bpb < 5   # untrained: log2(6400) = 12.6 bits per token, ~3 bytes a token
+    True
+    """
+    context = context or model.config.max_position_embeddings
+    if context < 2:
+        raise ValueError(f"context must be at least 2 tokens, got {context}")
+    encoded = [ids[:context] for ids in tokenizer.encode_batch(_texts(texts_or_path),
+                                                               allowed_special=set())]
+    encoded = _within_budget([ids for ids in encoded if len(ids) >= 2], max_tokens)
+    if not encoded:
+        raise ValueError("bits_per_byte needs a text of at least 2 tokens")
+    n_bytes = sum(len(tokenizer.token_bytes(t)) for ids in encoded for t in ids[1:])
+    # similar lengths share a batch (less padding); right padding never changes the logits of
+    # the real tokens before it (causal attention), and its targets are ignored
+    encoded.sort(key=len)
+    device, was_training = _device(model), model.training
+    model.eval()
+    total_nll = 0.0
+    batches = [encoded[i:i + batch_size] for i in range(0, len(encoded), batch_size)]
+    for batch in tqdm(batches, desc="bits per byte", disable=not progress):
+        width = max(len(ids) for ids in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)  # (B, T)
+        targets = torch.full((len(batch), width - 1), IGNORE_INDEX)  # (B, T-1)
+        for row, text_ids in enumerate(batch):
+            ids[row, :len(text_ids)] = torch.tensor(text_ids)
+            targets[row, :len(text_ids) - 1] = torch.tensor(text_ids[1:])
+        logits = model(ids[:, :-1].to(device)).logits.float()  # (B, T-1, V)
+        total_nll += F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(device),
+                                     ignore_index=IGNORE_INDEX, reduction="sum").item()
+    model.train(was_training)
+    return total_nll / (math.log(2) * n_bytes)
+
+
+def _within_budget(encoded: list[list[int]], max_tokens: int | None) -> list[list[int]]:
+    """The first texts whose predicted tokens (all but each text's first) fit ``max_tokens``.
+
+    >>> _within_budget([[1, 2, 3], [4, 5], [6, 7]], max_tokens=3)
+    [[1, 2, 3], [4, 5]]
+    """
+    if max_tokens is None:
+        return encoded
+    kept, used = [], 0
+    for ids in encoded:
+        if kept and used + len(ids) - 1 > max_tokens:
+            break
+        kept.append(ids)
+        used += len(ids) - 1
+    return kept
 
 
 # --- answering questions -----------------------------------------------------------------
@@ -380,29 +469,36 @@ def question_table(results: Mapping[str, Mapping[str, TaskScores]],
 
 @dataclass
 class ModelEval:
-    """One model's held-out scores: per-task question scores and text perplexity."""
+    """One model's held-out scores: per-task question scores, text perplexity and bits per
+    byte (None in an ``eval.json`` written before it was measured)."""
 
     tasks: dict[str, TaskScores]
     perplexity: float
+    bits_per_byte: float | None = None
 
     def to_dict(self) -> dict:
-        return {"perplexity": self.perplexity, "tasks": {k: asdict(v) for k, v in self.tasks.items()}}
+        return {"perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte,
+                "tasks": {k: asdict(v) for k, v in self.tasks.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelEval:
-        return cls({k: TaskScores(**v) for k, v in d["tasks"].items()}, d["perplexity"])
+        return cls({k: TaskScores(**v) for k, v in d["tasks"].items()}, d["perplexity"],
+                   d.get("bits_per_byte"))
 
 
 def evaluate_model(model: nn.Module, tokenizer: BPETokenizer, *, per_task: int | None,
                    seq_len: int, progress: bool = True) -> ModelEval:
     """``evaluate_sft`` on the first ``per_task`` held-out questions of every task, and the
     perplexity of the held-out pretraining text (``data/eval/pretrain_eval.jsonl``) in windows
-    of ``seq_len`` tokens: the before/after record of the sft, dpo (and later) stages."""
+    of ``seq_len`` tokens and its bits per byte (each text cut to ``seq_len`` tokens): the
+    before/after record of the sft, dpo (and later) stages."""
     questions = select_per_task(load_eval_records(), per_task)
     tasks = evaluate_sft(model, tokenizer, questions,
                          max_new_tokens=answer_budget(tokenizer, questions), progress=progress)
-    ppl = perplexity(model, tokenizer, eval_files("pretrain")[0], seq_len, progress=progress)
-    return ModelEval(tasks, ppl)
+    held_out = eval_files("pretrain")[0]
+    ppl = perplexity(model, tokenizer, held_out, seq_len, progress=progress)
+    bpb = bits_per_byte(model, tokenizer, held_out, context=seq_len, progress=progress)
+    return ModelEval(tasks, ppl, bpb)
 
 
 def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
@@ -416,10 +512,18 @@ def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
 
 
 def eval_report(evals: Mapping[str, ModelEval]) -> str:
-    """The question table (per task, per model) and a perplexity line, in markdown."""
+    """The question table (per task, per model), then perplexity and bits per byte, in markdown.
+
+    >>> tasks = {"t": TaskScores("t", "skill", 1, 1.0, 1.0, 1.0)}
+    >>> print(eval_report({"sft": ModelEval(tasks, 12.345, 1.2345)}).splitlines()[-1])
+    held-out text perplexity: sft 12.3; bits per byte: sft 1.234
+    """
     ppl = ", ".join(f"{name} {e.perplexity:.1f}" for name, e in evals.items())
-    return (question_table({name: e.tasks for name, e in evals.items()})
-            + f"\n\nheld-out text perplexity: {ppl}")
+    line = f"held-out text perplexity: {ppl}"
+    if all(e.bits_per_byte is not None for e in evals.values()):
+        line += "; bits per byte: " + ", ".join(f"{name} {e.bits_per_byte:.3f}"
+                                                  for name, e in evals.items())
+    return question_table({name: e.tasks for name, e in evals.items()}) + "\n\n" + line
 
 
 # --- preference accuracy (notebook 06) ---------------------------------------------------

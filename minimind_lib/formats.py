@@ -30,6 +30,7 @@ from minimind_lib.device import pick_device
 from minimind_lib.evaluate import (
     ModelEval,
     answer_budget,
+    bits_per_byte,
     eval_files,
     evaluate_sft,
     load_eval_records,
@@ -160,7 +161,8 @@ def compare_formats(
 
 
 #: how ``formats_table`` titles and prints the quality columns it knows (others: 4 digits)
-COLUMNS = {"perplexity": ("perplexity", "{:.4g}"), "exact_match": ("exact-match", "{:.1%}")}
+COLUMNS = {"perplexity": ("perplexity", "{:.4g}"), "bits_per_byte": ("bits/byte", "{:.4f}"),
+           "exact_match": ("exact-match", "{:.1%}")}
 
 
 def formats_table(rows: list[FormatRow]) -> str:
@@ -196,7 +198,7 @@ def formats_table(rows: list[FormatRow]) -> str:
 @dataclass
 class FormatComparison:
     """What ``measure_formats`` measured: the table rows, and per format the held-out scores
-    (``evaluate.ModelEval``: question scores per task and text perplexity)."""
+    (``evaluate.ModelEval``: question scores per task, text perplexity and bits per byte)."""
 
     rows: list[FormatRow]
     evals: dict[str, ModelEval]
@@ -208,12 +210,13 @@ def measure_formats(model: MiniMindForCausalLM, tokenizer: BPETokenizer, *, eval
                     seq_len: int, prompt_len: int = 256, device: str | None = None,
                     progress: bool = False) -> FormatComparison:
     """The format table for a trained chat ``model``: size, prefill/decode speed on ``device``
-    (default: the best here), held-out perplexity and exact-match, for fp32, fp16, bf16,
-    int8 (ours) and int8 (PyTorch).
+    (default: the best here), held-out perplexity, bits per byte and exact-match, for fp32,
+    fp16, bf16, int8 (ours) and int8 (PyTorch).
 
     ``eval_per_task`` is the full evaluation's questions per task (a tenth of them are asked
-    here), ``seq_len`` the window of the perplexity (and ``eval_per_task * seq_len`` its held-out
-    tokens), ``prompt_len`` the speed prompt's length in tokens.
+    here), ``seq_len`` the window of the perplexity and the cut of each text for bits per byte
+    (and ``eval_per_task * seq_len`` the held-out tokens of each), ``prompt_len`` the speed
+    prompt's length in tokens.
     """
     # Five formats, each evaluated in full, would cost five times the sft stage's evaluation
     # (and fp16 matmuls are slow on most CPUs): a tenth of its questions (the same ones for
@@ -227,9 +230,12 @@ def measure_formats(model: MiniMindForCausalLM, tokenizer: BPETokenizer, *, eval
 
     def evaluate(name: str, m: nn.Module) -> dict[str, float]:
         tasks = evaluate_sft(m, tokenizer, questions, max_new_tokens=budget, progress=progress)
-        ppl = perplexity(m, tokenizer, eval_files("pretrain")[0], seq_len, max_tokens=ppl_tokens)
-        evals[name] = ModelEval(tasks, ppl)
-        return {"perplexity": ppl, "exact_match": summarize(tasks)["all"].exact_match}
+        held_out = eval_files("pretrain")[0]
+        ppl = perplexity(m, tokenizer, held_out, seq_len, max_tokens=ppl_tokens)
+        bpb = bits_per_byte(m, tokenizer, held_out, context=seq_len, max_tokens=ppl_tokens)
+        evals[name] = ModelEval(tasks, ppl, bpb)
+        return {"perplexity": ppl, "bits_per_byte": bpb,
+                "exact_match": summarize(tasks)["all"].exact_match}
 
     # the speed prompt: held-out text, ``prompt_len`` tokens of it
     texts = (r["text"] for r in read_jsonl(eval_files("pretrain")[0], "pretrain"))

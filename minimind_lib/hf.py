@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -40,6 +41,7 @@ from minimind_lib.tokenizer import (
     IM_END,
     IM_START,
     SPECIAL_TOKENS,
+    bytes_to_unicode,
 )
 
 #: Token ids of the pad, bos and eos tokens (the specials' fixed ids, minimind_lib.tokenizer).
@@ -165,6 +167,50 @@ def from_pretrained(directory: str | os.PathLike) -> MiniMindForCausalLM:
     hf_model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
                                                     dtype=torch.float32)
     return from_hf(hf_model)
+
+
+class ByteLevelTokenizer:
+    """A Hugging Face byte-level BPE tokenizer (GPT-2's kind: MiniMind, Qwen, Llama 3, ...)
+    seen through the two methods ``evaluate.bits_per_byte`` needs, so a Hugging Face model and
+    its own tokenizer can be compared with ours on the same text.
+
+    >>> from transformers import AutoTokenizer
+    >>> from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, load_tokenizer
+    >>> theirs = ByteLevelTokenizer(AutoTokenizer.from_pretrained(COURSE_TOKENIZER_DIR))
+    >>> text = "hi <|im_end|> 你好"
+    >>> theirs.encode_batch([text], allowed_special=set())[0] == load_tokenizer().encode(
+    ...     text, allowed_special=set())
+    True
+    >>> b"".join(theirs.token_bytes(i) for i in theirs.encode_batch([text], set())[0]).decode()
+    'hi <|im_end|> 你好'
+    """
+
+    def __init__(self, hf_tokenizer) -> None:
+        name = getattr(hf_tokenizer, "name_or_path", "") or "the tokenizer"
+        backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
+        if "ByteLevel" not in json.dumps(decoder):
+            raise ValueError(f"{name}: not a byte-level BPE tokenizer (decoder {decoder!r}); "
+                             "bits per byte needs each token's exact bytes, supported: byte-level "
+                             "BPE (GPT-2, MiniMind, Qwen, Llama 3)")
+        self.hf = hf_tokenizer
+        self._byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        self._added = {i: t.content for i, t in hf_tokenizer.added_tokens_decoder.items()}
+
+    def encode_batch(self, texts: Sequence[str], allowed_special: set[str]) -> list[list[int]]:
+        """Ids of ``texts``; special-token strings stay plain text (``allowed_special=set()``)."""
+        if allowed_special != set():
+            raise ValueError("ByteLevelTokenizer encodes special-token strings as plain text "
+                             "only (allowed_special=set())")
+        return self.hf(list(texts), add_special_tokens=False,
+                       split_special_tokens=True)["input_ids"]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for."""
+        if token_id in self._added:
+            return self._added[token_id].encode("utf-8")
+        token = self.hf.convert_ids_to_tokens(token_id)
+        return bytes(self._byte_of[c] for c in token)
 
 
 def _tokenizer_files(tokenizer_dir: Path) -> list[Path]:

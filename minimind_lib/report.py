@@ -128,7 +128,8 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
         if stage in ("sft", "dpo") and (root / stage / EVAL_FILE).is_file():
             if stage == "dpo" and (prefs := _dpo_preferences(root)):
                 out += ["Held-out preference accuracy:", "", prefs, ""]
-            out += ["Held-out questions (greedy, through the chat template) and text perplexity:",
+            out += ["Held-out questions (greedy, through the chat template), text perplexity and "
+                    "bits per byte:",
                     "", eval_report(read_eval(root / stage)), ""]
 
     out += ["## Quantisation", ""]

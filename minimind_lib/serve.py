@@ -2,8 +2,10 @@
 
 ``create_app(model, tokenizer)`` returns a FastAPI app with ``POST /generate`` (prompt in, text
 out), ``POST /v1/chat/completions`` (plain and streaming server-sent events) and
-``GET /v1/models``, so standard OpenAI clients can talk to it. The text comes from
-``minimind_lib.inference.TextStream``, the same stream the terminal chat uses.
+``GET /v1/models`` (with the model card: parameters, profile, stage), so standard OpenAI clients
+can talk to it, and ``GET /``: a chat page (``static/chat.html``, plain HTML and JavaScript that
+streams from ``/v1/chat/completions``; nothing loaded from elsewhere, so it works offline). The
+text comes from ``minimind_lib.inference.TextStream``, the same stream the terminal chat uses.
 
 Every error, whatever its cause, has OpenAI's shape
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``:
@@ -44,8 +46,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Literal
 
 import torch
@@ -54,7 +57,7 @@ from torch import nn
 try:  # fastapi and uvicorn are the optional "serve" extra
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from pydantic import BaseModel, ConfigDict, Field, field_validator
     from pydantic_core import PydanticCustomError
     from starlette.exceptions import HTTPException
@@ -68,6 +71,7 @@ from minimind_lib.inference import (
     context_length,
     stop_ids,
 )
+from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer, encode_chat, text_problem
 
 DEFAULT_PORT = 8998
@@ -389,13 +393,16 @@ class ServerState:
 
 def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "minimind",
                default_max_new_tokens: int = 256, api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, max_waiting: int = MAX_WAITING) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, max_waiting: int = MAX_WAITING,
+               model_card: Mapping[str, object] | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (see the module docstring for the endpoints).
 
     ``model_name`` is what ``GET /v1/models`` lists and responses echo;
     ``default_max_new_tokens`` applies when a request does not say (capped by the context);
     ``api_key``, when set, is required as ``Authorization: Bearer <key>``; a body over
     ``max_body_bytes`` is refused (413), and so is a request when ``max_waiting`` wait (503).
+    ``model_card`` adds fields to the model's ``/v1/models`` entry (the CLI: profile, stage)
+    beside its parameter count.
     """
     engine = Engine(model, tokenizer, max_waiting)
 
@@ -416,7 +423,9 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     app.add_exception_handler(ClientGone, client_gone)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.add_middleware(InternalErrors)
+    app.state.model_card = {"parameters": parameter_count(model), **(model_card or {})}
     guarded = [Depends(require_api_key)]
+    app.add_api_route("/", chat_page, methods=["GET"], response_class=HTMLResponse)
     app.add_api_route("/v1/models", list_models, methods=["GET"], dependencies=guarded)
     app.add_api_route("/generate", generate, methods=["POST"], dependencies=guarded)
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
@@ -548,7 +557,23 @@ async def list_models(request: Request) -> dict:
     server: ServerState = request.app.state.server
     return {"object": "list", "data": [
         {"id": server.model_name, "object": "model", "created": server.created,
-         "owned_by": "minimind", "context_length": server.context}]}
+         "owned_by": "minimind", "context_length": server.context,
+         **request.app.state.model_card}]}
+
+
+async def chat_page() -> HTMLResponse:
+    """``GET /``: the chat page, shipped in the package (``minimind_lib/static/chat.html``)."""
+    page = resources.files("minimind_lib") / "static" / "chat.html"
+    return HTMLResponse(page.read_text(encoding="utf-8"))
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters of the network ``model`` runs, whatever format its weights are in (an int8
+    model keeps its weights in buffers): counted on an empty copy of its config."""
+    if not isinstance(model, MiniMindForCausalLM):
+        return sum(p.numel() for p in model.parameters())
+    with torch.device("meta"):  # shapes only, no memory
+        return MiniMindForCausalLM(model.config).num_parameters()
 
 
 async def generate(req: GenerateRequest, request: Request) -> dict:

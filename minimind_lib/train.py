@@ -127,6 +127,18 @@ class TrainSettings:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.accumulation_steps * self.seq_len
 
+    @property
+    def budget(self) -> str:
+        """The budget in words.
+
+        >>> TrainSettings(epochs=4, max_steps=3800).budget, TrainSettings(max_steps=80).budget
+        ('4 passes, at most 3,800 steps', '80 steps')
+        """
+        parts = [f"{self.epochs:g} passes" if self.epochs is not None else "",
+                 (f"at most {self.max_steps:,} steps" if self.epochs is not None
+                  else f"{self.max_steps:,} steps") if self.max_steps is not None else ""]
+        return ", ".join(p for p in parts if p)
+
     def planned_steps(self, num_examples: int, world_size: int = 1) -> int:
         """Optimizer steps of a run over ``num_examples`` examples: ``max_steps``, or ``epochs``
         passes (each ``num_examples // global batch`` steps, as ``StepBatchSampler`` reads
@@ -136,6 +148,17 @@ class TrainSettings:
         per_pass = num_examples // (self.batch_size * self.accumulation_steps * world_size)
         steps = max(1, math.ceil(self.epochs * per_pass))
         return steps if self.max_steps is None else min(steps, self.max_steps)
+
+    def resolved(self, num_examples: int, world_size: int = 1):
+        """These settings with the budget in steps (``planned_steps``) and ``epochs`` cleared:
+        what a run over ``num_examples`` examples will do (``train`` resolves its config so).
+
+        >>> TrainSettings(batch_size=10, max_steps=None, epochs=2).resolved(55).max_steps
+        10
+        """
+        if self.epochs is None:
+            return self
+        return replace(self, max_steps=self.planned_steps(num_examples, world_size), epochs=None)
 
 
 @dataclass(frozen=True)
@@ -207,11 +230,6 @@ class TrainConfig(TrainSettings, RunOptions):
             values |= {f.name: getattr(options, f.name) for f in fields(RunOptions)}
         return cls(**{**values, **overrides})
 
-    def resolved(self, num_examples: int, world_size: int = 1) -> TrainConfig:
-        """This config with its budget in steps (``planned_steps``) and ``epochs`` resolved."""
-        if self.epochs is None:
-            return self
-        return replace(self, max_steps=self.planned_steps(num_examples, world_size), epochs=None)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based)."""

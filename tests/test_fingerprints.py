@@ -122,3 +122,24 @@ def test_an_unfinished_stage_stays_in_place(tmp_path, marker):
     _keep_previous(stage, tmp_path, None)
     assert stage.exists() != marker
     assert (tmp_path / PREVIOUS_DIR / "pretrain-ffffffff").exists() == marker
+
+
+def test_init_starts_a_stage_from_another_model(smoke_runs, tmp_path):
+    """--init: the dpo stage starts from a given model folder; its sft prerequisite (and so
+    pretraining) is neither needed nor run, and the folder's weights enter the fingerprint."""
+    from minimind_lib.pipeline import fingerprint
+    from minimind_lib.profiles import get_profile, override
+
+    profile = override(get_profile("smoke"), {"dpo.max_steps": "4", "eval_per_task": "2"})
+    root = tmp_path / "runs"
+    out = ensure("dpo", profile, root=root, init=smoke_runs / "sft", progress=False)
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["dpo", "tokenizer"]
+    requires = read_marker(out)["fingerprint"]["requires"]
+    assert set(requires) == {"tokenizer", "init"} and requires["init"] == fingerprint(
+        "dpo", profile, root, smoke_runs / "sft")["requires"]["init"]
+    record = json.loads((out / "run_config.json").read_text())
+    assert record["init"] == str(smoke_runs / "sft")
+    with pytest.raises(ValueError, match="does not apply to stage 'tokenizer'"):
+        ensure("tokenizer", profile, root=root, init=smoke_runs / "sft")
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        ensure("dpo", profile, root=root, init=tmp_path)

@@ -15,7 +15,7 @@ from minimind_lib.tokenizer import SPECIAL_TOKENS
 PACKAGE = Path(minimind_lib.__file__).parent
 MODULES = {p.stem: p for p in sorted(PACKAGE.glob("*.py"))}
 #: the stage layer and what sits above it; every other module is a concept (or a helper of one)
-UPPER = {"profiles", "plan", "stages", "pipeline", "report", "__main__"}
+UPPER = {"profiles", "plan", "stages", "pipeline", "report", "exercises", "__main__"}
 MAX_FUNCTION_LINES = 80
 
 

@@ -227,7 +227,7 @@ def rope_frequencies(
     """The angle per position of each rotary pair, (D/2,) fp32, and the factor by which
     cos/sin are scaled: ``f_i = theta**(-2i/D)`` and 1.0, unless ``scaling`` applies.
 
-    ``scaling`` (a ``checked_rope_scaling`` dict) applies when ``max_positions`` exceeds its
+    ``scaling`` (a ``rope_scaling`` dict; missing keys take ``ROPE_SCALING_DEFAULTS``) applies when ``max_positions`` exceeds its
     ``original_max_position_embeddings`` L (MiniMind's rule), with ``s = factor``:
 
     * "linear" (position interpolation, Chen et al. 2023): ``f_i / s``, i.e. position ``p``
@@ -248,7 +248,10 @@ def rope_frequencies(
     True
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    if scaling is None or max_positions <= scaling["original_max_position_embeddings"]:
+    if scaling is None:
+        return inv_freq, 1.0
+    scaling = checked_rope_scaling(scaling)
+    if max_positions <= scaling["original_max_position_embeddings"]:
         return inv_freq, 1.0
     s = scaling["factor"]
     if scaling["type"] == "linear":

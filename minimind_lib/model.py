@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -622,6 +622,20 @@ class MoEFeedForward(nn.Module):
         for shared in self.shared_experts:
             y = y + shared(flat)
         return y.view(B, T, C)
+
+
+def dense_twin(config: MiniMindConfig) -> MiniMindConfig:
+    """The dense config whose FFN has as many parameters as one token uses in the MoE
+    ``config``: width ``intermediate_size · (num_experts_per_tok + n_shared_experts)``, the
+    fair "equal active parameters" baseline of notebook 11 (it lacks only the router).
+
+    >>> moe = MiniMindConfig(hidden_size=256, num_attention_heads=8, intermediate_size=256,
+    ...                      use_moe=True)
+    >>> dense_twin(moe).intermediate_size, dense_twin(moe).use_moe
+    (768, False)
+    """
+    width = config.intermediate_size * (config.num_experts_per_tok + config.n_shared_experts)
+    return replace(config, use_moe=False, intermediate_size=width)
 
 
 class Block(nn.Module):

@@ -1,17 +1,20 @@
 """Position encodings for long inputs (notebook 12): RoPE scaling (PI, NTK, YaRN) against the
-issue's formula and transformers' rope-init functions, ALiBi against Bloom, and attention
-with ALiBi / no position encoding against a reference written from the formulas."""
+issue's formula and transformers' rope-init functions, ALiBi against Bloom, attention with
+ALiBi / no position encoding against a reference written from the formulas, and the
+long-context evaluation helpers (minimind_lib.long_context)."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
 from minimind_lib.checkpoint import load_model, save_model
 from minimind_lib.hf import from_hf, to_hf
+from minimind_lib.long_context import extend, loss_by_position, perplexity_by_length, rope_variants
 from minimind_lib.model import (
     Attention,
     MiniMindConfig,
@@ -276,3 +279,38 @@ def test_alibi_and_nope_models_store_no_position_tables():
         assert set(model.state_dict()) == set(MiniMindForCausalLM(scaled_config(None)).state_dict())
     with pytest.raises(ValueError, match="longer than the model allows"):
         model(torch.zeros(1, 65, dtype=torch.long))
+
+
+# --- minimind_lib.long_context ----------------------------------------------------------
+
+
+def test_extend_keeps_the_weights_and_scaling_starts_past_the_training_length():
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(scaled_config(None)).eval()  # a RoPE model, table of 64
+    ids = torch.randint(0, 50, (2, 32))
+    longer = extend(model, 256)
+    assert torch.equal(longer(ids).logits, model(ids).logits)  # same table prefix, same weights
+    for name, scaling in rope_variants(64, 64).items():  # factor 1: not longer, so unscaled
+        assert torch.equal(extend(model, 64, scaling)(ids).logits, model(ids).logits), name
+    for name, scaling in rope_variants(16, 64).items():  # factor 4 from position 0 on
+        if scaling is not None:
+            scaled = extend(model, 64, scaling)(ids).logits
+            assert not torch.allclose(scaled, model(ids).logits), name
+    with pytest.raises(ValueError, match="rope_scaling needs position_encoding='rope'"):
+        extend(MiniMindForCausalLM(scaled_config(None, position_encoding="alibi")), 128,
+               rope_variants(64, 128)["RoPE + PI"])
+
+
+def test_perplexity_by_length_scores_the_same_text_at_every_length():
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(scaled_config(None, position_encoding="alibi")).eval()
+    tokens = torch.randint(0, 50, (70,))  # trimmed to 64 = a multiple of the longest length
+    ppl = perplexity_by_length(model, tokens, [16, 32])
+    windows = tokens[:64].view(4, 16)
+    logits = model(windows).logits[:, :-1]
+    want = F.cross_entropy(logits.reshape(-1, 50), windows[:, 1:].reshape(-1)).exp().item()
+    assert ppl[16] == pytest.approx(want, rel=1e-5)
+    by_position = loss_by_position(model, tokens, 32, bucket=8)
+    assert by_position.shape == (3,)  # 31 predictions in buckets of 8
+    with pytest.raises(ValueError, match="do not fill one window of 128"):
+        perplexity_by_length(model, tokens, [128])

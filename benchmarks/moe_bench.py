@@ -63,7 +63,8 @@ def pretrain_splits(profile, seq_len):
     data_dir = tokenize_corpus(dataset_files("pretrain"), COURSE_TOKENIZER_DIR / "tokenizer.json",
                                profile.runs_dir / "bench_data",
                                max_examples=profile.pretrain.max_examples, progress=False)
-    return load_pretrain_split(data_dir, "train", seq_len), load_pretrain_split(data_dir, "val", seq_len)
+    return (load_pretrain_split(data_dir, "train", seq_len),
+            load_pretrain_split(data_dir, "val", seq_len))
 
 
 def train_one(name, config, settings, train_set, val_set, seed, device):
@@ -85,7 +86,8 @@ def train_one(name, config, settings, train_set, val_set, seed, device):
     val_loss = evaluate_loss(model, val_set, batch_size=settings.batch_size, max_batches=10**6,
                              device=device, precision=FP32)
     summary = {"name": name, "intermediate_size": config.intermediate_size,
-               "total_params": model.num_parameters(), "active_params": model.num_active_parameters(),
+               "total_params": model.num_parameters(),
+               "active_params": model.num_active_parameters(),
                "val_loss": val_loss, "train_loss": rows[-1]["loss"],
                "aux_loss": rows[-1].get("aux_loss"), "train_minutes": minutes,
                "tokens": rows[-1]["tokens"]}
@@ -117,7 +119,8 @@ def plot(result, path):
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for name, curve in result["curves"].items():
-        ax.plot([c["tokens"] / 1e6 for c in curve], [c["val_loss"] for c in curve], "o-", label=name)
+        ax.plot([c["tokens"] / 1e6 for c in curve], [c["val_loss"] for c in curve], "o-",
+                label=name)
     ax.set(xlabel="training tokens (M)", ylabel="validation loss",
            title=f"dense vs MoE ({result['profile']} profile)")
     ax.legend()
@@ -151,7 +154,8 @@ def main(argv=None) -> dict:
     profile = get_profile(args.profile)
     steps = args.steps or profile.pretrain.max_steps
     settings = replace(profile.pretrain, max_steps=steps, eval_every=max(1, steps // 6),
-                       save_every=10**6, warmup_steps=min(profile.pretrain.warmup_steps, steps // 10))
+                       save_every=10**6,
+                       warmup_steps=min(profile.pretrain.warmup_steps, steps // 10))
     device = pick_device()
     train_set, val_set = pretrain_splits(profile, settings.seq_len)
     configs = model_configs(profile.model)

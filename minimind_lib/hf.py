@@ -60,7 +60,7 @@ def check_exportable(config: MiniMindConfig) -> None:
     >>> check_exportable(MiniMindConfig(use_moe=True))
     Traceback (most recent call last):
     ...
-    ValueError: cannot express use_moe=True as a transformers Llama (it has one dense FFN per layer); save the model with minimind_lib.checkpoint.save_model instead
+    ValueError: cannot express use_moe=True as a transformers Llama (it has one dense FFN ...
     """
     if config.use_moe:
         raise ValueError("cannot express use_moe=True as a transformers Llama (it has one dense "
@@ -80,7 +80,8 @@ def _rope_parameters(config: MiniMindConfig) -> dict:
     is longer than the original length), since transformers applies it unconditionally."""
     params = {"rope_type": "default", "rope_theta": config.rope_theta}
     scaling = config.rope_scaling
-    if scaling is None or config.max_position_embeddings <= scaling["original_max_position_embeddings"]:
+    if scaling is None or config.max_position_embeddings <= scaling[
+            "original_max_position_embeddings"]:
         return params
     if scaling["type"] == "linear":
         return {**params, "rope_type": "linear", "factor": float(scaling["factor"])}

@@ -170,7 +170,7 @@ def checked_rope_scaling(scaling: dict) -> dict:
     >>> checked_rope_scaling({"type": "linear", "beta_fast": 4})
     Traceback (most recent call last):
     ...
-    ValueError: rope_scaling has key(s) beta_fast, unknown to type 'linear' (known: factor, original_max_position_embeddings)
+    ValueError: rope_scaling has key(s) beta_fast, unknown to type 'linear' (known: factor, ...)
     """
     if not isinstance(scaling, dict):
         raise ValueError(f"rope_scaling must be a dict or None, got {type(scaling).__name__}")
@@ -227,8 +227,9 @@ def rope_frequencies(
     """The angle per position of each rotary pair, (D/2,) fp32, and the factor by which
     cos/sin are scaled: ``f_i = theta**(-2i/D)`` and 1.0, unless ``scaling`` applies.
 
-    ``scaling`` (a ``rope_scaling`` dict; missing keys take ``ROPE_SCALING_DEFAULTS``) applies when ``max_positions`` exceeds its
-    ``original_max_position_embeddings`` L (MiniMind's rule), with ``s = factor``:
+    ``scaling`` (a ``rope_scaling`` dict; missing keys take ``ROPE_SCALING_DEFAULTS``)
+    applies when ``max_positions`` exceeds its ``original_max_position_embeddings`` L
+    (MiniMind's rule), with ``s = factor``:
 
     * "linear" (position interpolation, Chen et al. 2023): ``f_i / s``, i.e. position ``p``
       is read as ``p / s``, so the whole longer input falls inside the trained angles;
@@ -524,7 +525,9 @@ class FeedForward(nn.Module):
         return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))  # (B, T, C)
 
 
-def load_balancing_loss(probs: Tensor, chosen: Tensor, alpha: float, seq_aux: bool = True) -> Tensor:
+def load_balancing_loss(
+    probs: Tensor, chosen: Tensor, alpha: float, seq_aux: bool = True
+) -> Tensor:
     """MiniMind's auxiliary load-balancing loss of one MoE layer (a scalar).
 
     ``probs`` (B, T, E) the router probabilities, ``chosen`` (B, T, k) the experts picked.

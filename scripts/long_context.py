@@ -67,7 +67,8 @@ def variants(models, train_len, length):
     out = {name: extend(models["rope"], length, scaling)
            for name, scaling in rope_variants(train_len, length).items()}
     paper = dict(rope_variants(train_len, length)["RoPE + YaRN"])
-    paper["attention_factor"] = 0.1 * math.log(paper["factor"]) + 1.0 if paper["factor"] > 1 else 1.0
+    s = paper["factor"]
+    paper["attention_factor"] = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0  # the paper's sqrt(1/t)
     out["RoPE + YaRN (paper's attention factor)"] = extend(models["rope"], length, paper)
     out["ALiBi"] = extend(models["alibi"], length)
     out["NoPE"] = extend(models["none"], length)

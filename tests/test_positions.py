@@ -219,7 +219,7 @@ def test_alibi_bias_softmax_equals_bloom_plus_causal_mask():
 
 
 def reference_attention(attn: Attention, x, position_encoding):
-    """softmax(q kᵀ / √d - m_h (i - j), causal) v from the weights, for ALiBi or no positions."""
+    """softmax(q kᵀ / √d - m_h (i - j), causal) v from the weights: ALiBi, or no positions."""
     B, T, _ = x.shape
     H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
     q = (x @ attn.q_proj.weight.T).view(B, T, H, D).transpose(1, 2)

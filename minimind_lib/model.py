@@ -575,7 +575,8 @@ class MoEFeedForward(nn.Module):
     expert once on its slots.  Both compute the same sum: an expert acts on each token
     independently, so grouping the tokens differently changes no token's result (only the
     order of float additions).  This class uses the sorted dispatch in both modes, with
-    gradients, so train and eval give the same logits.
+    gradients, so train and eval give the same logits.  The router starts like every Linear
+    here, N(0, 0.02) (MiniMind's ``MoEGate`` uses PyTorch's Kaiming-uniform default).
 
     >>> moe = MoEFeedForward(MiniMindConfig(hidden_size=16, num_attention_heads=2, use_moe=True))
     >>> moe(torch.randn(2, 3, 16)).shape, len(moe.experts), len(moe.shared_experts)

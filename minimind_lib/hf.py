@@ -5,11 +5,17 @@ plus a strict ``load_state_dict``.  Three Llama defaults differ from MiniMind's 
 set explicitly: ``rms_norm_eps`` (1e-6 there, 1e-5 here), the RoPE theta (10,000 there,
 1e6 here) and ``tie_word_embeddings`` (False there, True here).
 
+RoPE scaling (notebook 12) exports as Llama's ``rope_type`` "linear" or "yarn", and
+``to_hf`` checks that transformers builds the same frequencies.  What a Llama cannot
+express is refused with a ValueError naming the setting: MoE layers (``use_moe``; save
+those with ``checkpoint.save_model``), ALiBi or no position encoding, NTK-aware scaling
+(transformers only has the *dynamic* variant, whose base changes with the input length).
+
 ``save_pretrained`` writes a folder that ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` load offline: config.json, model.safetensors and the
 course tokenizer (tokenizer.json + tokenizer_config.json with the ChatML chat template).
 
->>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+>>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, rope_frequencies
 >>> config = MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
 ...                         num_attention_heads=4, num_key_value_heads=2,
 ...                         max_position_embeddings=32)
@@ -25,6 +31,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -34,7 +41,7 @@ from pathlib import Path
 import torch
 
 from minimind_lib.files import CONFIG_FILE
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, rope_frequencies
 from minimind_lib.tokenizer import (
     COURSE_TOKENIZER_DIR,
     END_OF_TEXT,
@@ -50,9 +57,47 @@ PAD_ID, BOS_ID, EOS_ID = (SPECIAL_TOKENS.index(t) for t in (END_OF_TEXT, IM_STAR
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def check_exportable(config: MiniMindConfig) -> None:
+    """Raise ValueError naming the first setting of ``config`` a Llama cannot express.
+
+    >>> check_exportable(MiniMindConfig(use_moe=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot express use_moe=True as a transformers Llama (it has one dense FFN ...
+    """
+    if config.use_moe:
+        raise ValueError("cannot express use_moe=True as a transformers Llama (it has one dense "
+                         "FFN per layer); save the model with minimind_lib.checkpoint.save_model "
+                         "instead")
+    if config.position_encoding != "rope":
+        raise ValueError(f"cannot express position_encoding={config.position_encoding!r} as a "
+                         "transformers Llama (it always rotates q and k with RoPE)")
+    if config.rope_scaling is not None and config.rope_scaling["type"] == "ntk":
+        raise ValueError("cannot express rope_scaling type 'ntk' as a transformers Llama "
+                         "(transformers has only 'dynamic' NTK, whose base follows the input "
+                         "length); use 'yarn' or 'linear'")
+
+
+def _rope_parameters(config: MiniMindConfig) -> dict:
+    """Llama's ``rope_parameters`` for ``config``: scaling only where ours applies (the table
+    is longer than the original length), since transformers applies it unconditionally."""
+    params = {"rope_type": "default", "rope_theta": config.rope_theta}
+    scaling = config.rope_scaling
+    if scaling is None or config.max_position_embeddings <= scaling[
+            "original_max_position_embeddings"]:
+        return params
+    if scaling["type"] == "linear":
+        return {**params, "rope_type": "linear", "factor": float(scaling["factor"])}
+    keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow")
+    return {**params, "rope_type": "yarn", **{k: scaling[k] for k in keys},
+            "attention_factor": float(scaling["attention_factor"])}
+
+
 def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
     """The ``transformers.LlamaConfig`` describing the same network as ``config``."""
     from transformers import LlamaConfig
+
+    check_exportable(config)
 
     return LlamaConfig(
         vocab_size=config.vocab_size,
@@ -66,7 +111,7 @@ def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
         max_position_embeddings=config.max_position_embeddings,
         # subtle: these three defaults differ between Llama and MiniMind
         rms_norm_eps=config.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters=_rope_parameters(config),
         tie_word_embeddings=config.tie_word_embeddings,
         attention_dropout=config.dropout,
         attention_bias=False,
@@ -83,21 +128,65 @@ def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):
 
     ``attn_implementation`` is "sdpa" or "eager" (HF's manual path).  Dropout inside the
     residual stream has no Llama equivalent, so ``model.config.dropout`` must be 0 for
-    training-mode equality (eval mode is always equal).
+    training-mode equality (eval mode is always equal).  Configs a Llama cannot express
+    raise ValueError (``check_exportable``).
     """
     from transformers import LlamaForCausalLM
 
     hf_model = LlamaForCausalLM(hf_config(model.config, attn_implementation))
+    _check_same_rope(model.config, hf_model)
     hf_model.load_state_dict(model.state_dict(), strict=True)
     dtype = next(model.parameters()).dtype
     return hf_model.to(dtype=dtype, device=model.lm_head.weight.device).train(model.training)
+
+
+def _check_same_rope(config: MiniMindConfig, hf_model) -> None:
+    """Refuse an export whose RoPE frequencies transformers computes differently (its YaRN
+    clamps the ramp's upper end at D - 1, MiniMind's at D/2 - 1: they differ only when the
+    interpolated band would reach past the last pair)."""
+    rotary = hf_model.model.rotary_emb
+    ours, factor = rope_frequencies(config.head_dim, config.rope_theta,
+                                    config.max_position_embeddings, config.rope_scaling)
+    # float32 pow/log of the same numbers on both sides: 1e-6 relative covers the rounding
+    if not (torch.allclose(rotary.inv_freq.float(), ours, rtol=1e-6, atol=0)
+            and abs(rotary.attention_scaling - factor) < 1e-9):
+        raise ValueError(f"transformers' {rotary.rope_type!r} RoPE differs from ours for "
+                         f"rope_scaling={config.rope_scaling} (head_dim {config.head_dim}); "
+                         "cannot export it as a Llama")
+
+
+def _rope_scaling_from_hf(c) -> dict | None:
+    """Our ``rope_scaling`` for a Llama config's ``rope_parameters`` (None: plain RoPE)."""
+    rope = dict(c.rope_parameters or {})
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return None
+    if kind == "linear":
+        # transformers applies it at every length; ours once the table is longer than the
+        # original length, which any original below max_position_embeddings satisfies
+        original = max(1, int(c.max_position_embeddings / rope["factor"]))
+        return {"type": "linear", "factor": rope["factor"],
+                "original_max_position_embeddings": original}
+    extras = {k: rope[k] for k in ("mscale", "mscale_all_dim") if rope.get(k)}
+    if kind != "yarn" or extras or rope.get("truncate") is False:
+        raise ValueError(f"cannot convert Llama config: rope_parameters={rope} (MiniMind "
+                         "supports rope_type 'default', 'linear' and 'yarn' without mscale)")
+    factor = rope["factor"]
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:  # transformers' default: the paper's 0.1 ln(s) + 1
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return {"type": "yarn", "factor": factor,
+            "original_max_position_embeddings": rope["original_max_position_embeddings"],
+            "beta_fast": rope.get("beta_fast") or 32, "beta_slow": rope.get("beta_slow") or 1,
+            "attention_factor": float(attention_factor)}
 
 
 def from_hf(hf_model) -> MiniMindForCausalLM:
     """A ``MiniMindForCausalLM`` with the weights of a ``transformers.LlamaForCausalLM``.
 
     Llama variants MiniMind cannot express (biases, another activation, a head_dim that
-    is not hidden/heads, scaled RoPE) raise ValueError naming the setting.
+    is not hidden/heads, RoPE scaling other than "linear" or "yarn") raise ValueError naming
+    the setting.
     """
     c = hf_model.config
     rope = dict(c.rope_parameters or {})
@@ -106,7 +195,6 @@ def from_hf(hf_model) -> MiniMindForCausalLM:
         "mlp_bias": (getattr(c, "mlp_bias", False), False),
         "hidden_act": (c.hidden_act, "silu"),
         "head_dim": (c.head_dim, c.hidden_size // c.num_attention_heads),
-        "rope_parameters['rope_type']": (rope.get("rope_type", "default"), "default"),
     }
     for name, (value, wanted) in unsupported.items():
         if value != wanted:
@@ -124,6 +212,7 @@ def from_hf(hf_model) -> MiniMindForCausalLM:
         rms_norm_eps=c.rms_norm_eps,
         dropout=float(c.attention_dropout),
         tie_word_embeddings=bool(c.tie_word_embeddings),
+        rope_scaling=_rope_scaling_from_hf(c),
     )
     hf_weight = hf_model.lm_head.weight
     model = MiniMindForCausalLM(config).to(dtype=hf_weight.dtype, device=hf_weight.device)

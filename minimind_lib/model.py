@@ -1,16 +1,19 @@
-"""MiniMind2-Small: a Llama-style decoder (notebooks 02 and 03).
+"""MiniMind2-Small: a Llama-style decoder (notebooks 02 and 03), with MiniMind's options.
 
 Read top to bottom: ``MiniMindConfig`` → ``RMSNorm`` → RoPE (``rope_tables``,
-``apply_rope``) → ``Attention`` (GQA, KV cache, SDPA or manual path; notebook 02) →
-``FeedForward`` (SwiGLU) → ``Block`` → ``MiniMindForCausalLM`` with ``generate``
-(notebook 03).  Names follow ``transformers.LlamaForCausalLM`` (see ``minimind_lib.hf``).
+``apply_rope``; scaled for long inputs by PI, NTK or YaRN: notebook 12) → ALiBi
+(``alibi_slopes``, ``alibi_bias``; notebook 12) → ``Attention`` (GQA, KV cache, SDPA or
+manual path; notebook 02) → ``FeedForward`` (SwiGLU) → ``MoEFeedForward`` (mixture of
+experts; notebook 11) → ``Block`` → ``MiniMindForCausalLM`` with ``generate`` (notebook 03).
+Names follow ``transformers.LlamaForCausalLM`` (see ``minimind_lib.hf``) and, for the MoE
+layers, MiniMind's own ``model/model_minimind.py``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,20 @@ from torch.utils.checkpoint import checkpoint
 #: and padding in SFT/DPO batches, the last position of every sequence in ``causal_lm_loss``.
 IGNORE_INDEX = -100
 
+#: The ways a model can know where a token is (``MiniMindConfig.position_encoding``): rotary
+#: embeddings (Su et al. 2021), linear attention biases (Press et al. 2022), or nothing at
+#: all (NoPE: causal attention alone leaks the position; Kazemnejad et al. 2023).
+POSITION_ENCODINGS = ("rope", "alibi", "none")
+#: ``rope_scaling["type"]`` → its keys and their defaults (MiniMind's YaRN settings: extend a
+#: 2,048-token training length 16 times, to 32,768).  "linear" is position interpolation (PI,
+#: Chen et al. 2023), "ntk" the NTK-aware change of base (bloc97 2023), "yarn" Peng et al. 2023.
+ROPE_SCALING_DEFAULTS: dict[str, dict[str, float]] = {
+    "linear": {"factor": 16, "original_max_position_embeddings": 2048},
+    "ntk": {"factor": 16, "original_max_position_embeddings": 2048},
+    "yarn": {"factor": 16, "original_max_position_embeddings": 2048, "beta_fast": 32,
+             "beta_slow": 1, "attention_factor": 1.0},
+}
+
 
 @dataclass
 class MiniMindConfig:
@@ -28,6 +45,16 @@ class MiniMindConfig:
 
     ``intermediate_size=None`` means ``64 * ceil(int(hidden_size * 8 / 3) / 64)``
     (1408 at hidden 512): SwiGLU's 8/3 width, rounded up to a multiple of 64.
+
+    Mixture of experts (notebook 11; MiniMind's names and defaults, unused unless
+    ``use_moe``): every FFN becomes ``n_routed_experts`` SwiGLU experts of
+    ``intermediate_size``, of which a softmax router picks ``num_experts_per_tok`` per
+    token, plus ``n_shared_experts`` that every token passes through; ``aux_loss_alpha``
+    weighs the load-balancing loss, per sequence when ``seq_aux`` (``MoEFeedForward``).
+
+    Positions (notebook 12): ``position_encoding`` is "rope", "alibi" or "none";
+    ``rope_scaling`` (RoPE only) is None or a dict with a "type" ("linear", "ntk" or "yarn")
+    and the keys of ``ROPE_SCALING_DEFAULTS`` (missing keys take those defaults, MiniMind's).
 
     >>> MiniMindConfig().intermediate_size
     1408
@@ -48,6 +75,12 @@ class MiniMindConfig:
     Traceback (most recent call last):
     ...
     ValueError: rms_norm_eps must be > 0, got -1
+    >>> MiniMindConfig(rope_scaling={"type": "yarn"}).rope_scaling["beta_fast"]
+    32
+    >>> MiniMindConfig(use_moe=True, num_experts_per_tok=5)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_experts_per_tok (5) must be between 1 and n_routed_experts (4)
     """
 
     vocab_size: int = 6400
@@ -61,6 +94,18 @@ class MiniMindConfig:
     rms_norm_eps: float = 1e-5
     dropout: float = 0.0
     tie_word_embeddings: bool = True
+    # mixture of experts (MiniMind's names and defaults; ignored unless use_moe)
+    use_moe: bool = False
+    n_routed_experts: int = 4
+    num_experts_per_tok: int = 2
+    n_shared_experts: int = 1
+    scoring_func: str = "softmax"
+    aux_loss_alpha: float = 0.01
+    seq_aux: bool = True
+    norm_topk_prob: bool = True
+    # positions
+    rope_scaling: dict | None = None
+    position_encoding: str = "rope"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -92,6 +137,34 @@ class MiniMindConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.intermediate_size is None:
             self.intermediate_size = 64 * math.ceil(int(self.hidden_size * 8 / 3) / 64)
+        self._check_moe()
+        self._check_positions()
+
+    def _check_moe(self) -> None:
+        for name in ("n_routed_experts", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) must be between "
+                             f"1 and n_routed_experts ({self.n_routed_experts})")
+        if self.n_shared_experts < 0:
+            raise ValueError(f"n_shared_experts must be >= 0, got {self.n_shared_experts}")
+        if self.scoring_func != "softmax":
+            raise ValueError(f"scoring_func is {self.scoring_func!r}; only 'softmax' is "
+                             "supported (as in MiniMind)")
+        if self.aux_loss_alpha < 0:
+            raise ValueError(f"aux_loss_alpha must be >= 0, got {self.aux_loss_alpha}")
+
+    def _check_positions(self) -> None:
+        if self.position_encoding not in POSITION_ENCODINGS:
+            raise ValueError(f"position_encoding is {self.position_encoding!r}; choose one of "
+                             f"{', '.join(POSITION_ENCODINGS)}")
+        if self.rope_scaling is None:
+            return
+        if self.position_encoding != "rope":
+            raise ValueError(f"rope_scaling needs position_encoding='rope', not "
+                             f"{self.position_encoding!r}")
+        self.rope_scaling = checked_rope_scaling(self.rope_scaling)
 
     @property
     def head_dim(self) -> int:
@@ -142,6 +215,38 @@ def _type_problem(value: object, annotation: str) -> str | None:
     return None
 
 
+def checked_rope_scaling(scaling: dict) -> dict:
+    """A copy of ``scaling`` with its type's defaults filled in; a bad key or value is a
+    ValueError naming it.
+
+    >>> checked_rope_scaling({"type": "linear", "factor": 4})
+    {'type': 'linear', 'factor': 4, 'original_max_position_embeddings': 2048}
+    >>> checked_rope_scaling({"type": "linear", "beta_fast": 4})
+    Traceback (most recent call last):
+    ...
+    ValueError: rope_scaling has key(s) beta_fast, unknown to type 'linear' (known: factor, ...)
+    """
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be a dict or None, got {type(scaling).__name__}")
+    kind = scaling.get("type")
+    if kind not in ROPE_SCALING_DEFAULTS:
+        raise ValueError(f"rope_scaling['type'] is {kind!r}; choose one of "
+                         f"{', '.join(ROPE_SCALING_DEFAULTS)}")
+    defaults = ROPE_SCALING_DEFAULTS[kind]
+    unknown = sorted(set(scaling) - set(defaults) - {"type"})
+    if unknown:
+        raise ValueError(f"rope_scaling has key(s) {', '.join(unknown)}, unknown to type "
+                         f"{kind!r} (known: {', '.join(defaults)})")
+    checked = {"type": kind, **defaults, **{k: v for k, v in scaling.items() if k != "type"}}
+    for key in defaults:
+        value = checked[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"rope_scaling['{key}'] must be a positive number, got {value!r}")
+    if checked["factor"] < 1:
+        raise ValueError(f"rope_scaling['factor'] must be >= 1, got {checked['factor']}")
+    return checked
+
+
 # --------------------------------------------------------------------------- building blocks
 
 
@@ -170,10 +275,87 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_tables(head_dim: int, max_positions: int, theta: float = 1e6) -> tuple[Tensor, Tensor]:
+def rope_frequencies(
+    head_dim: int, theta: float = 1e6, max_positions: int = 0, scaling: dict | None = None
+) -> tuple[Tensor, float]:
+    """The angle per position of each rotary pair, (D/2,) fp32, and the factor by which
+    cos/sin are scaled: ``f_i = theta**(-2i/D)`` and 1.0, unless ``scaling`` applies.
+
+    ``scaling`` (a ``rope_scaling`` dict; missing keys take ``ROPE_SCALING_DEFAULTS``)
+    applies when ``max_positions`` exceeds its ``original_max_position_embeddings`` L
+    (MiniMind's rule), with ``s = factor``:
+
+    * "linear" (position interpolation, Chen et al. 2023): ``f_i / s``, i.e. position ``p``
+      is read as ``p / s``, so the whole longer input falls inside the trained angles;
+    * "ntk" (NTK-aware, bloc97 2023): a larger base ``theta · s**(D/(D-2))``: the fastest
+      pair is untouched, the slowest is interpolated by exactly ``s``;
+    * "yarn" (Peng et al. 2023; MiniMind's form): ``f_i · ((1 - γ_i) + γ_i / s)`` with
+      ``γ`` = ``yarn_ramp`` (0: keep the pair, 1: interpolate it), and cos/sin scaled by
+      ``attention_factor``.
+
+    >>> f, a = rope_frequencies(8, theta=10000.0)
+    >>> [round(x, 4) for x in f.tolist()], a
+    ([1.0, 0.1, 0.01, 0.001], 1.0)
+    >>> pi = {"type": "linear", "factor": 4, "original_max_position_embeddings": 16}
+    >>> [round(x, 6) for x in rope_frequencies(8, 10000.0, 64, pi)[0].tolist()]
+    [0.25, 0.025, 0.0025, 0.00025]
+    >>> rope_frequencies(8, 10000.0, 16, pi)[0].tolist() == f.tolist()  # not longer: unscaled
+    True
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if scaling is None:
+        return inv_freq, 1.0
+    scaling = checked_rope_scaling(scaling)
+    if max_positions <= scaling["original_max_position_embeddings"]:
+        return inv_freq, 1.0
+    s = scaling["factor"]
+    if scaling["type"] == "linear":
+        return inv_freq / s, 1.0
+    if scaling["type"] == "ntk":
+        if head_dim <= 2:
+            raise ValueError(f"NTK-aware scaling needs head_dim > 2, got {head_dim}")
+        base = theta * s ** (head_dim / (head_dim - 2))
+        return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim), 1.0
+    ramp = yarn_ramp(head_dim, theta, scaling["original_max_position_embeddings"],
+                     scaling["beta_fast"], scaling["beta_slow"])  # (D/2,)
+    return inv_freq * ((1 - ramp) + ramp / s), float(scaling["attention_factor"])
+
+
+def yarn_ramp(head_dim: int, theta: float, original_max: int, beta_fast: float,
+              beta_slow: float) -> Tensor:
+    """YaRN's interpolation weight ``γ_i`` of each rotary pair, (D/2,) in [0, 1].
+
+    Pair ``i`` turns ``r_i = L / (2π θ^(2i/D))`` times over the training length L.  Solving
+    for ``i`` gives ``i(r) = D · ln(L / (2π r)) / (2 ln θ)``.  Pairs below
+    ``low = floor(i(beta_fast))`` (more than ``beta_fast`` turns: every angle was seen in
+    training) keep their frequency (γ = 0); pairs from ``high = ceil(i(beta_slow))`` on (about
+    one turn or less) are interpolated fully (γ = 1); γ rises linearly in ``i`` between.
+    ``low`` is clamped to >= 0 and ``high`` to <= D/2 - 1, as in MiniMind.
+
+    subtle: the paper (Peng et al. 2023, section 3.2, "NTK-by-parts") ramps linearly in
+    ``r`` and its γ is 1 - ours; MiniMind (and transformers) ramp linearly in the pair index.
+
+    >>> yarn_ramp(64, 1e6, 2048, 32, 1).nonzero().flatten().tolist()[:3]   # low = floor(5.37)
+    [6, 7, 8]
+    >>> yarn_ramp(64, 1e6, 2048, 32, 1)[14:].unique().tolist()             # high = ceil(13.4)
+    [1.0]
+    """
+    def pair_index(rotations: float) -> float:
+        return head_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(pair_index(beta_fast)), 0)
+    high = min(math.ceil(pair_index(beta_slow)), head_dim // 2 - 1)
+    i = torch.arange(head_dim // 2, dtype=torch.float32)  # (D/2,)
+    return ((i - low) / max(high - low, 0.001)).clamp(0, 1)
+
+
+def rope_tables(
+    head_dim: int, max_positions: int, theta: float = 1e6, scaling: dict | None = None
+) -> tuple[Tensor, Tensor]:
     """Cos/sin tables of rotary position embeddings (Su et al. 2021, RoFormer eq. 34).
 
-    Pair ``i`` of a head rotates by angle ``pos * theta**(-2i/head_dim)``.  Both halves of
+    Pair ``i`` of a head rotates by angle ``pos * theta**(-2i/head_dim)`` (or the scaled
+    frequencies of ``rope_frequencies`` when ``scaling`` applies).  Both halves of
     the head share the frequencies (the "rotate-half" layout of Llama/GPT-NeoX, not the
     interleaved one of the paper).  Returns two fp32 tensors of shape
     ``(max_positions, head_dim)``.
@@ -184,10 +366,12 @@ def rope_tables(head_dim: int, max_positions: int, theta: float = 1e6) -> tuple[
     >>> cos[0].tolist(), sin[0].tolist()   # position 0 is the identity rotation
     ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
     """
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    inv_freq, attention_factor = rope_frequencies(head_dim, theta, max_positions, scaling)
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
     angles = torch.cat((angles, angles), dim=-1)  # (P, D)
-    return angles.cos(), angles.sin()
+    if attention_factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -239,6 +423,41 @@ def causal_mask(n_queries: int, n_keys: int, device: torch.device | None = None)
     return ones.tril(diagonal=n_keys - n_queries)
 
 
+def alibi_slopes(num_heads: int) -> Tensor:
+    """The per-head slopes ``m_h`` of ALiBi (Press et al. 2022, section 3), (H,) fp32.
+
+    For H a power of two: the geometric sequence ``2**(-8h/H)``, h = 1..H.  Otherwise the
+    sequence of the largest power of two ``P < H``, then every other slope of the ``2P``
+    sequence (``2**(-8h/2P)`` for odd h) until there are H (the paper's recipe, as in Bloom).
+
+    >>> alibi_slopes(4).tolist()
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    >>> alibi_slopes(6).tolist()[4:]   # 4 from the H=4 sequence, then h = 1, 3 of H=8
+    [0.5, 0.125]
+    """
+    if num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    p = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2 ** (-8 * h / p) for h in range(1, p + 1)]
+    slopes += [2 ** (-8 * h / (2 * p)) for h in range(1, 2 * (num_heads - p), 2)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: Tensor, n_queries: int, n_keys: int) -> Tensor:
+    """ALiBi's additive attention bias, (H, Tq, Tk): ``-m_h · (i - j)`` for a query at
+    position i and a key at j <= i, ``-inf`` for j > i (so it is also the causal mask).  The
+    queries are the last ``n_queries`` of the ``n_keys`` positions, as in ``causal_mask``.
+
+    >>> alibi_bias(torch.tensor([0.5]), 2, 3)[0].tolist()
+    [[-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]
+    """
+    q_pos = torch.arange(n_keys - n_queries, n_keys, device=slopes.device)  # (Tq,)
+    k_pos = torch.arange(n_keys, device=slopes.device)  # (Tk,)
+    offset = (k_pos[None, :] - q_pos[:, None]).float()  # (Tq, Tk): j - i, <= 0 for the past
+    bias = slopes[:, None, None] * offset  # (H, Tq, Tk)
+    return bias.masked_fill(offset > 0, float("-inf"))
+
+
 # One layer's cache: keys and values so far, each (B, Hkv, T_past, D).
 LayerCache = tuple[Tensor, Tensor]
 
@@ -250,6 +469,8 @@ class Attention(nn.Module):
     query heads share ``n_kv_heads`` key/value heads (GQA, Ainslie et al. 2023).
     ``use_sdpa`` picks PyTorch's fused ``F.scaled_dot_product_attention`` (fast) or the
     readable manual path of notebook 02 (same numbers within float rounding).
+    ``config.position_encoding`` "rope" rotates q and k; "alibi" adds ``alibi_bias`` to the
+    scores instead of the causal mask (to SDPA as an additive float mask); "none" does neither.
     """
 
     def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
@@ -265,12 +486,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * d, c, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.position_encoding = config.position_encoding
+        if self.position_encoding == "alibi":
+            # non-persistent: rebuilt from the config, never in a checkpoint
+            self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)  # (H,)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, past: LayerCache | None = None
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None, past: LayerCache | None = None
     ) -> tuple[Tensor, LayerCache]:
-        """``x`` (B, T, C); ``cos``/``sin`` (T, D) for the T new positions; ``past`` the cache
-        of earlier positions.  Returns the output (B, T, C) and the cache extended by T."""
+        """``x`` (B, T, C); ``cos``/``sin`` (T, D) for the T new positions (None without RoPE);
+        ``past`` the cache of earlier positions.  Returns the output (B, T, C) and the cache
+        extended by T."""
         B, T, _ = x.shape
         q, k, v = self._project(x, cos, sin)
         if past is not None:
@@ -284,21 +510,31 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
         return self.resid_dropout(self.o_proj(y)), (k, v)
 
-    def weights(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def weights(self, x: Tensor, cos: Tensor | None, sin: Tensor | None) -> Tensor:
         """The causal attention probabilities (B, H, T, T) for ``x`` (B, T, C), no cache
         (what the heatmaps of notebook 02 show)."""
         q, k, _ = self._project(x, cos, sin)
         return self._weights(q, repeat_kv(k, self.n_heads // self.n_kv_heads), 0.0)
 
-    def _project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.position_encoding != "rope":
+            return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
         tq, tk = q.shape[2], k.shape[2]
+        if self.position_encoding == "alibi":
+            bias = alibi_bias(self.slopes, tq, tk).to(q.dtype)  # (H, Tq, Tk), causal -inf in it
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )  # (B, H, T, D)
         # subtle: one new query sees every cached key (no mask); a prefill with no cache uses
         # is_causal; any other chunk needs the explicit bottom-right mask (see causal_mask).
         mask = None if tq == 1 or tq == tk else causal_mask(tq, tk, q.device)
@@ -314,8 +550,11 @@ class Attention(nn.Module):
 
     def _weights(self, q: Tensor, k: Tensor, dropout: float) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
-        mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (Tq, Tk)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        if self.position_encoding == "alibi":
+            scores = scores.float() + alibi_bias(self.slopes, q.shape[2], k.shape[2])
+        else:
+            mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (Tq, Tk)
+            scores = scores.masked_fill(~mask, float("-inf"))
         weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
         return F.dropout(weights, p=dropout, training=dropout > 0)
 
@@ -340,18 +579,136 @@ class FeedForward(nn.Module):
         return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))  # (B, T, C)
 
 
+def load_balancing_loss(
+    probs: Tensor, chosen: Tensor, alpha: float, seq_aux: bool = True
+) -> Tensor:
+    """MiniMind's auxiliary load-balancing loss of one MoE layer (a scalar).
+
+    ``probs`` (B, T, E) the router probabilities, ``chosen`` (B, T, k) the experts picked.
+    Per sequence b (``seq_aux``), expert e gets ``f_be = #slots of b routed to e · E / (k T)``
+    (1 for every expert when the load is even) and ``P_be = mean_t probs[b, t, e]``; the loss
+    is ``alpha · mean_b Σ_e f_be P_be``.  Without ``seq_aux`` the whole batch counts as one
+    sequence.  This is the Switch Transformer's loss (Fedus et al. 2022, eq. 4, for k = 1)
+    computed per sequence as in DeepSeekMoE (Dai et al. 2024, eq. 12-14).  Only ``P`` carries a
+    gradient (counts are not differentiable): it pushes probability away from overloaded
+    experts.  Uniform probabilities give ``alpha`` whatever the counts.
+
+    >>> probs = torch.full((1, 4, 2), 0.5)                  # 4 tokens, 2 experts, uniform
+    >>> load_balancing_loss(probs, torch.tensor([[[0], [1], [0], [1]]]), alpha=1.0).item()
+    1.0
+    >>> skewed = torch.tensor([[[0.9, 0.1]] * 4])           # every token prefers expert 0
+    >>> round(load_balancing_loss(skewed, torch.zeros(1, 4, 1, dtype=torch.long), 1.0).item(), 4)
+    1.8
+    """
+    B, T, k = chosen.shape
+    n_experts = probs.shape[-1]
+    if not seq_aux:
+        probs, chosen, B, T = probs.reshape(1, B * T, -1), chosen.reshape(1, B * T, k), 1, B * T
+    ones = torch.ones(B, T * k, device=probs.device)
+    counts = torch.zeros(B, n_experts, device=probs.device).scatter_add_(
+        1, chosen.reshape(B, T * k), ones)  # (B, E): slots per expert in each sequence
+    f = counts * n_experts / (k * T)  # (B, E)
+    return alpha * (f * probs.float().mean(dim=1)).sum(dim=1).mean()
+
+
+class MoEFeedForward(nn.Module):
+    """Mixture of experts in place of the FFN (notebook 11), MiniMind's ``MOEFeedForward``.
+
+    A router ``gate`` (C → E, no bias) scores every token; ``softmax`` gives probabilities,
+    the ``k`` best experts are kept and their probabilities renormalised to sum to 1 (when
+    ``norm_topk_prob`` and k > 1, as MiniMind); the output is the weighted sum of those k
+    SwiGLU experts plus every shared expert, unweighted (DeepSeekMoE's shared experts):
+
+        ``y = Σ_{e in topk(x)} w_e · expert_e(x) + Σ_s shared_s(x)``
+
+    ``aux_loss`` holds the layer's ``load_balancing_loss`` after each forward (train and eval
+    mode alike; MiniMind leaves it 0 in eval mode); ``MiniMindForCausalLM`` sums it over layers.
+
+    Dispatch: MiniMind trains by copying each token k times and running every copy through
+    its expert, and at inference sorts the (token, choice) slots by expert and runs each
+    expert once on its slots.  Both compute the same sum: an expert acts on each token
+    independently, so grouping the tokens differently changes no token's result (only the
+    order of float additions).  This class uses the sorted dispatch in both modes, with
+    gradients, so train and eval give the same logits.  The router starts like every Linear
+    here, N(0, 0.02) (MiniMind's ``MoEGate`` uses PyTorch's Kaiming-uniform default).
+
+    >>> moe = MoEFeedForward(MiniMindConfig(hidden_size=16, num_attention_heads=2, use_moe=True))
+    >>> moe(torch.randn(2, 3, 16)).shape, len(moe.experts), len(moe.shared_experts)
+    (torch.Size([2, 3, 16]), 4, 1)
+    """
+
+    def __init__(self, config: MiniMindConfig) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = config.n_routed_experts, config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+        self.alpha, self.seq_aux = config.aux_loss_alpha, config.seq_aux
+        self.gate = nn.Linear(config.hidden_size, self.n_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(config) for _ in range(self.n_experts))
+        self.shared_experts = nn.ModuleList(
+            FeedForward(config) for _ in range(config.n_shared_experts))
+        self.aux_loss: Tensor | None = None
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Router for tokens ``x`` (N, C): probabilities (N, E), the chosen experts (N, k)
+        and their weights (N, k)."""
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # (N, E), fp32 under autocast too
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k) each
+        if self.top_k > 1 and self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return probs, chosen, weights
+
+    def dispatch(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
+        """``Σ_j weights[:, j] · expert_{chosen[:, j]}(x)`` for ``x`` (N, C), each expert run
+        once on the tokens routed to it; returns (N, C)."""
+        slots = chosen.flatten()  # (N*k,): slot n*k + j is token n's j-th choice
+        order = slots.argsort(stable=True)  # (N*k,) slots grouped by expert
+        counts = slots.bincount(minlength=self.n_experts).tolist()
+        y = torch.zeros_like(x)  # (N, C)
+        for expert, group in zip(self.experts, order.split(counts), strict=True):
+            tokens = group // self.top_k  # (n_e,) the token of each slot
+            out = expert(x[tokens]) * weights.flatten()[group, None]  # (n_e, C)
+            y.index_add_(0, tokens, out.to(y.dtype))
+        return y
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        flat = x.reshape(B * T, C)  # (N, C)
+        probs, chosen, weights = self.route(flat)
+        self.aux_loss = load_balancing_loss(probs.view(B, T, -1), chosen.view(B, T, -1),
+                                            self.alpha, self.seq_aux)
+        y = self.dispatch(flat, chosen, weights)  # (N, C)
+        for shared in self.shared_experts:
+            y = y + shared(flat)
+        return y.view(B, T, C)
+
+
+def dense_twin(config: MiniMindConfig) -> MiniMindConfig:
+    """The dense config whose FFN has as many parameters as one token uses in the MoE
+    ``config``: width ``intermediate_size · (num_experts_per_tok + n_shared_experts)``, the
+    fair "equal active parameters" baseline of notebook 11 (it lacks only the router).
+
+    >>> moe = MiniMindConfig(hidden_size=256, num_attention_heads=8, intermediate_size=256,
+    ...                      use_moe=True)
+    >>> dense_twin(moe).intermediate_size, dense_twin(moe).use_moe
+    (768, False)
+    """
+    width = config.intermediate_size * (config.num_experts_per_tok + config.n_shared_experts)
+    return replace(config, use_moe=False, intermediate_size=width)
+
+
 class Block(nn.Module):
-    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (notebook 03)."""
+    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))`` (notebook 03);
+    ``mlp`` is a ``MoEFeedForward`` when ``config.use_moe`` (notebook 11)."""
 
     def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, use_sdpa)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = FeedForward(config)
+        self.mlp = MoEFeedForward(config) if config.use_moe else FeedForward(config)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, past: LayerCache | None = None
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None, past: LayerCache | None = None
     ) -> tuple[Tensor, LayerCache]:
         a, cache = self.self_attn(self.input_layernorm(x), cos, sin, past)
         x = x + a  # (B, T, C)
@@ -366,13 +723,16 @@ class Block(nn.Module):
 class CausalLMOutput:
     """What ``MiniMindForCausalLM.forward`` returns.
 
-    ``logits`` (B, T, V); ``loss`` the mean shifted cross-entropy (None without labels);
-    ``past_key_values`` one ``(k, v)`` per layer when ``use_cache=True``, else None.
+    ``logits`` (B, T, V); ``loss`` the mean shifted cross-entropy (None without labels; in
+    training mode a MoE model adds ``aux_loss``); ``past_key_values`` one ``(k, v)`` per
+    layer when ``use_cache=True``, else None; ``aux_loss`` the load-balancing loss summed over
+    the MoE layers (None for a dense model).
     """
 
     logits: Tensor
     loss: Tensor | None = None
     past_key_values: list[LayerCache] | None = None
+    aux_loss: Tensor | None = None
 
 
 class MiniMindModel(nn.Module):
@@ -385,10 +745,13 @@ class MiniMindModel(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(Block(config, use_sdpa) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        cos, sin = rope_tables(config.head_dim, config.max_position_embeddings, config.rope_theta)
-        # non-persistent: rebuilt from the config, so they never enter a checkpoint
-        self.register_buffer("rope_cos", cos, persistent=False)  # (P, D)
-        self.register_buffer("rope_sin", sin, persistent=False)  # (P, D)
+        self.use_rope = config.position_encoding == "rope"
+        if self.use_rope:
+            cos, sin = rope_tables(config.head_dim, config.max_position_embeddings,
+                                   config.rope_theta, config.rope_scaling)
+            # non-persistent: rebuilt from the config, so they never enter a checkpoint
+            self.register_buffer("rope_cos", cos, persistent=False)  # (P, D)
+            self.register_buffer("rope_sin", sin, persistent=False)  # (P, D)
         self.gradient_checkpointing = False  # see MiniMindForCausalLM.gradient_checkpointing_enable
 
     def forward(
@@ -403,7 +766,8 @@ class MiniMindModel(nn.Module):
         start = past_key_values[0][0].shape[2] if past_key_values else 0
         end = start + input_ids.shape[1]
         self._check_inputs(input_ids, end)
-        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, D)
+        cos, sin = (self.rope_cos[start:end], self.rope_sin[start:end]) if self.use_rope else (
+            None, None)  # (T, D) each
         x = self.dropout(self.embed_tokens(input_ids))  # (B, T, C)
         caches = []
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
@@ -424,7 +788,8 @@ class MiniMindModel(nn.Module):
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab}) "
                              f"(MiniMindConfig.vocab_size={vocab})")
         if end > max_pos:
-            raise ValueError(f"sequence of {end} positions is longer than the RoPE table "
+            limit = "the RoPE table" if self.use_rope else "the model allows"
+            raise ValueError(f"sequence of {end} positions is longer than {limit} "
                              f"(MiniMindConfig.max_position_embeddings={max_pos})")
 
 
@@ -489,6 +854,23 @@ class MiniMindForCausalLM(nn.Module):
         return sum(p.numel() for p in self.parameters()
                    if not (exclude_embeddings and id(p) in skip))
 
+    def num_active_parameters(self) -> int:
+        """Parameters one token's forward pass uses: all of them, minus the routed experts a
+        token skips (``n_routed_experts - num_experts_per_tok`` per MoE layer).
+
+        >>> c = dict(vocab_size=8, hidden_size=16, num_attention_heads=2, num_hidden_layers=1)
+        >>> moe = MiniMindForCausalLM(MiniMindConfig(use_moe=True, **c))
+        >>> expert = 3 * 16 * moe.config.intermediate_size
+        >>> moe.num_parameters() - moe.num_active_parameters() == 2 * expert   # 4 experts, top-2
+        True
+        """
+        skipped = 0
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, MoEFeedForward):
+                per_expert = sum(p.numel() for p in layer.mlp.experts[0].parameters())
+                skipped += (layer.mlp.n_experts - layer.mlp.top_k) * per_expert
+        return self.num_parameters() - skipped
+
     def forward(
         self,
         input_ids: Tensor,
@@ -502,11 +884,24 @@ class MiniMindForCausalLM(nn.Module):
         wanted): the model shifts them, so position t is scored on predicting token t+1.
         Batches may be right-padded (pads labelled -100): causal attention means real tokens
         never see the pads to their right, so no attention mask is needed.
+
+        MoE (notebook 11): ``aux_loss`` is the load-balancing loss summed over layers.  In
+        training mode ``loss`` = cross-entropy + ``aux_loss`` (what the optimizer minimises,
+        as in MiniMind's trainer); in eval mode ``loss`` is the plain cross-entropy, so the
+        validation losses of dense and MoE models compare.
         """
         hidden, caches = self.model(input_ids, past_key_values)  # (B, T, C)
         logits = self.lm_head(hidden)  # (B, T, V)
+        aux_loss = self._aux_loss()
         loss = None if labels is None else causal_lm_loss(logits, labels)
-        return CausalLMOutput(logits, loss, caches if use_cache else None)
+        if loss is not None and aux_loss is not None and self.training:
+            loss = loss + aux_loss
+        return CausalLMOutput(logits, loss, caches if use_cache else None, aux_loss)
+
+    def _aux_loss(self) -> Tensor | None:
+        losses = [layer.mlp.aux_loss for layer in self.model.layers
+                  if isinstance(layer.mlp, MoEFeedForward)]
+        return torch.stack(losses).sum() if losses else None
 
     @torch.no_grad()
     def stream(
@@ -602,6 +997,36 @@ def attention_maps(model: MiniMindForCausalLM, input_ids: Tensor) -> Tensor:
         for hook in hooks:
             hook.remove()
     return torch.stack(maps)  # (L, B, H, T, T)
+
+
+@torch.no_grad()
+def expert_load(model: MiniMindForCausalLM, input_ids: Tensor) -> Tensor:
+    """How many (token, choice) slots each MoE layer routes to each expert for ``input_ids``
+    (B, T): a (L, E) count tensor; every row sums to B·T·k (notebook 11's histogram).
+
+    >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=16,
+    ...     num_hidden_layers=2, num_attention_heads=2, use_moe=True))
+    >>> load = expert_load(model, torch.tensor([[1, 2, 3]]))
+    >>> load.shape, load.sum(dim=1).tolist()    # 3 tokens x top-2
+    (torch.Size([2, 4]), [6, 6])
+    """
+    counts = []
+
+    def capture(module: MoEFeedForward, args: tuple, _output: object) -> None:
+        x = args[0]  # the normed input of the MoE layer, (B, T, C)
+        _, chosen, _ = module.route(x.reshape(-1, x.shape[-1]))
+        counts.append(chosen.flatten().bincount(minlength=module.n_experts))
+
+    hooks = [layer.mlp.register_forward_hook(capture) for layer in model.model.layers
+             if isinstance(layer.mlp, MoEFeedForward)]
+    if not hooks:
+        raise ValueError("the model has no MoE layers (MiniMindConfig.use_moe is False)")
+    try:
+        model(input_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(counts)  # (L, E)
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:

@@ -151,7 +151,7 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
            force: bool = False, resume: bool = False, device: str | None = None,
            precision: str = "auto", progress: bool = True,
            callbacks: list[Callable[[dict], None]] | tuple = (),
-           init: str | Path | None = None) -> Path:
+           init: str | Path | None = None, _ensured: set[str] | None = None) -> Path:
     """The output folder of ``stage`` for ``profile``, running it (and what it needs) if missing.
 
     ``force`` runs ``stage`` even when complete (prerequisites are still only ensured; the
@@ -165,8 +165,12 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     root = Path(root) if root is not None else profile.runs_dir
     st = get_stage(stage)
     init = _check_init(st, init)
+    ensured = set() if _ensured is None else _ensured  # each prerequisite once per call
     for dep in _needs(st, init):
-        ensure(dep, profile, root=root, device=device, precision=precision, progress=progress)
+        if dep not in ensured:
+            ensure(dep, profile, root=root, device=device, precision=precision,
+                   progress=progress, _ensured=ensured)
+            ensured.add(dep)
     info = init_distributed()
     decision = [None if force else _decide(stage, profile, root, init)]
     if info.world_size > 1:  # rank 0 decides, so every rank takes the same branch

@@ -249,8 +249,12 @@ def lr_at(step: int, *, max_steps: int, peak_lr: float, warmup_steps: int,
 
 
 def default_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Next-token cross-entropy: ``model(input_ids, labels=labels).loss`` and no extra metrics."""
-    return model(batch["input_ids"], labels=batch["labels"]).loss, {}
+    """Next-token cross-entropy: ``model(input_ids, labels=labels).loss``.  For a MoE model
+    (notebook 11) that loss already includes the load-balancing ``aux_loss`` in training mode,
+    and ``aux_loss`` is logged as an extra metric; a dense model logs no extra metrics."""
+    out = model(batch["input_ids"], labels=batch["labels"])
+    aux_loss = getattr(out, "aux_loss", None)
+    return out.loss, ({} if aux_loss is None else {"aux_loss": aux_loss})
 
 
 def flops_per_token(config: Any, seq_len: int) -> float:

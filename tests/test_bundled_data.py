@@ -31,9 +31,11 @@ ZH_CLAUSE = re.compile(r"[^，。？！；：]+[，。？！；：]")
 
 
 def bundled_files() -> list[Path]:
+    # the bundled training and evaluation text: not local builds (full/, minimind/) nor the
+    # reference model's training log (reference/)
+    skip = {"tokenizer", "full", "minimind", "reference"}
     return sorted(p for p in DATA_DIR.rglob("*.jsonl")
-                  if "tokenizer" not in p.relative_to(DATA_DIR).parts
-                  and "full" not in p.relative_to(DATA_DIR).parts)
+                  if not skip & set(p.relative_to(DATA_DIR).parts))
 
 
 def schema_of(path: Path) -> str:
@@ -230,9 +232,12 @@ def test_checkers_reject_corrupted_answers() -> None:
 
 def test_sizes_and_counts_within_budget() -> None:
     committed = [p for p in DATA_DIR.rglob("*") if p.is_file()
-                 and not {"tokenizer", "full"} & set(p.relative_to(DATA_DIR).parts)]
+                 and not {"tokenizer", "full", "minimind", "reference"}
+                 & set(p.relative_to(DATA_DIR).parts)]
     total = sum(p.stat().st_size for p in committed)
     assert total < BUDGET_BYTES, f"data/ holds {total:,} bytes (budget {BUDGET_BYTES:,})"
+    reference = sum(p.stat().st_size for p in (DATA_DIR / "reference").rglob("*") if p.is_file())
+    assert reference <= 12 * 2**20, f"data/reference holds {reference:,} bytes (budget 12 MiB)"
     assert 2_500_000 <= (DATA_DIR / "pretrain_sample.jsonl").stat().st_size <= 4_000_000
     n_sft = sum(len(records(n)) for n in TRAIN["sft"])
     n_dpo = sum(len(records(n)) for n in TRAIN["dpo"])

@@ -280,3 +280,20 @@ def test_gpu_check_runs_end_to_end_in_its_dry_run():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| gpu bf16+ckpt |" in result.stdout and "AMP claim, measured" in result.stdout
     assert "real steps of the gpu profile" in result.stdout
+
+
+def test_checkpointing_keeps_the_moe_load_balancing_gradient():
+    """A MoE layer keeps its aux loss on itself during forward; rerunning the block in
+    backward must not lose that loss's gradient (non-reentrant checkpointing keeps it)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(replace(TINY, use_moe=True, max_position_embeddings=128))
+    twin = copy.deepcopy(model).gradient_checkpointing_enable()
+    ids = torch.randint(0, TINY.vocab_size, (2, 32))
+    for m in (model, twin):
+        m.train()
+        m(ids, labels=ids).loss.backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters(),
+                                                           strict=True))
+    assert model.model.layers[0].mlp.gate.weight.grad.abs().sum() > 0

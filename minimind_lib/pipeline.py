@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from minimind_lib import DATA_DIR
 from minimind_lib.files import MARKER_FILE, RUN_CONFIG_FILE, WEIGHTS_FILE, atomic_write_text
 from minimind_lib.profiles import Profile, get_profile
 from minimind_lib.stages import STAGES, Stage, StageContext, get_stage, read_marker
@@ -45,6 +46,9 @@ from minimind_lib.train import init_distributed
 
 PREVIOUS_DIR = "previous"  # <root>/previous/<stage>-<run id>/: finished runs moved aside
 HASH_CACHE = ".hashes.json"  # <root>/.hashes.json: content hashes by path, size and mtime
+#: The shipped chat model: the cpu profile's SFT stage in bf16 (``make reference``), what the
+#: notebooks show before a student has trained a model of their own.
+REFERENCE_MODEL = DATA_DIR / "reference" / "sft"
 
 
 def stages_in_all() -> list[Stage]:
@@ -301,6 +305,26 @@ def find_model_dir(root: str | os.PathLike) -> Path:
     raise FileNotFoundError(
         f"no finished stage under {root} (looked for {', '.join(candidates)}); train one with "
         f"`python -m minimind_lib all --profile <profile>` or pass --model DIR")
+
+
+def model_to_show(profile: Profile | str | None = None,
+                  stages: tuple[str, ...] = ("dpo", "sft")) -> tuple[Path, str]:
+    """The model a notebook shows, and a sentence saying which: the most trained finished stage
+    among ``stages`` under ``runs/<profile>`` (the student's own), else ``REFERENCE_MODEL``.
+    Nothing is trained; ``ensure`` is the way to train.
+
+    >>> folder, which = model_to_show("smoke", stages=("no-such-stage",))
+    >>> folder == REFERENCE_MODEL, which.startswith("the shipped reference model")
+    (True, True)
+    """
+    profile = profile if isinstance(profile, Profile) else get_profile(profile)
+    for stage in stages:
+        if read_marker(profile.runs_dir / stage) is not None:
+            return (profile.runs_dir / stage,
+                    f"your own {stage!r} model ({profile.name} profile, {profile.runs_dir / stage})")
+    return REFERENCE_MODEL, ("the shipped reference model (data/reference/sft: the cpu profile "
+                             "after SFT), since runs/" f"{profile.name}/ holds no finished "
+                             f"{' or '.join(stages)} stage yet")
 
 
 def folder_bytes(path: Path) -> int:

@@ -37,10 +37,11 @@ def _series(rows: Sequence[dict], key: str) -> tuple[list, list]:
 
 
 def plot_metrics(metrics: Sequence[dict] | str | Path, *, title: str | None = None,
-                 extra: Sequence[str] = (), fig: Figure | None = None) -> Figure:
-    """Loss (train + validation) and learning rate against step, plus one panel per ``extra``."""
+                 extra: Sequence[str] = (), fig: Figure | None = None, lr: bool = True) -> Figure:
+    """Loss (train + validation) and learning rate (unless ``lr=False``) against step, plus one
+    panel per ``extra`` metric (``"grad_norm"``, DPO's ``"reward_margin"``...)."""
     rows = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
-    panels = 2 + len(extra)
+    panels = 1 + lr + len(extra)
     if fig is None:
         fig = plt.figure(figsize=(4.2 * panels, 3.2))
     fig.clear()
@@ -52,9 +53,10 @@ def plot_metrics(metrics: Sequence[dict] | str | Path, *, title: str | None = No
         axes[0].plot(vsteps, vloss, "o-", ms=4, label="validation")
     axes[0].set(xlabel="step", ylabel="loss")
     axes[0].legend()
-    axes[1].plot(*_series(rows, "lr"), color="tab:green")
-    axes[1].set(xlabel="step", ylabel="learning rate")
-    for ax, key in zip(axes[2:], extra, strict=True):
+    if lr:
+        axes[1].plot(*_series(rows, "lr"), color="tab:green")
+        axes[1].set(xlabel="step", ylabel="learning rate")
+    for ax, key in zip(axes[1 + lr:], extra, strict=True):
         ax.plot(*_series(rows, key), color="tab:purple")
         ax.set(xlabel="step", ylabel=key)
     if title:
@@ -63,15 +65,67 @@ def plot_metrics(metrics: Sequence[dict] | str | Path, *, title: str | None = No
     return fig
 
 
+#: Font names that hint at Chinese glyphs (checked against the font file before use).
+_CJK_HINTS = ("CJK", "Hei", "Song", "Kai", "Ming", "YaHei", "PingFang", "Hiragino", "WenQuanYi",
+              "Source Han", "Noto Sans SC", "Noto Sans TC")
+#: What to install when no font has Chinese glyphs (then ``token_labels`` falls back).
+CJK_FONT_HINT = ("no installed font has Chinese glyphs: Chinese labels are shown as #k (see the "
+                 "printed legend). Install one and restart the kernel: Debian/Ubuntu `sudo apt "
+                 "install fonts-noto-cjk`, Fedora `sudo dnf install google-noto-sans-cjk-fonts`, "
+                 "conda `conda install -c conda-forge font-ttf-noto-cjk`; macOS and Windows have one")
+
+
+def cjk_font() -> str | None:
+    """The name of an installed font with Chinese glyphs, made matplotlib's first sans-serif
+    choice (so plots can label Chinese tokens); None when there is none."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    for entry in font_manager.fontManager.ttflist:
+        if not any(hint in entry.name for hint in _CJK_HINTS):
+            continue
+        try:
+            has_glyph = FT2Font(entry.fname).get_char_index(ord("中")) != 0
+        except (OSError, RuntimeError):
+            continue
+        if has_glyph:
+            plt.rcParams["font.sans-serif"] = [entry.name, *plt.rcParams["font.sans-serif"]]
+            return entry.name
+    return None
+
+
+def token_labels(texts: Sequence[str], cjk: bool | None = None) -> tuple[list[str], str]:
+    """Plot labels for token ``texts`` and a legend: each text as itself (newlines as ↵) when
+    it can be drawn; without a Chinese font (``cjk`` False, or None and ``cjk_font()`` finds
+    none) a text holding a character beyond U+2FFF becomes ``#k``, and the legend (print it
+    beside the plot) says what each ``#k`` is.
+
+    >>> token_labels(["The", " cat", "你好", "\\n"], cjk=False)
+    (['The', ' cat', '#2', '↵'], '#2 = 你好')
+    """
+    if cjk is None:
+        cjk = cjk_font() is not None
+    labels, legend = [], []
+    for k, text in enumerate(texts):
+        shown = text.replace("\n", "↵")
+        if not cjk and any(ord(c) > 0x2FFF for c in text):
+            labels.append(f"#{k}")
+            legend.append(f"#{k} = {shown}")
+        else:
+            labels.append(shown)
+    return labels, "  ".join(legend)
+
+
 class LiveLossPlot:
     """A ``train`` callback redrawing the loss curves every ``every`` steps, in place.
 
     Cheap: one small figure re-rendered every ``every`` steps (and at every validation);
-    outside IPython it only collects the rows.
+    outside IPython it only collects the rows. ``extra`` and ``lr`` as in ``plot_metrics``.
     """
 
-    def __init__(self, every: int = 10, title: str | None = None):
-        self.every, self.title = every, title
+    def __init__(self, every: int = 10, title: str | None = None, extra: Sequence[str] = (),
+                 lr: bool = True):
+        self.every, self.title, self.extra, self.lr = every, title, tuple(extra), lr
         self.rows: list[dict] = []
         self._fig: Figure | None = None
         self._handle = None
@@ -91,7 +145,7 @@ class LiveLossPlot:
             return
         if self._fig is None:
             self._fig = plt.figure(figsize=(8.4, 3.2))
-        plot_metrics(self.rows, title=self.title, fig=self._fig)
+        plot_metrics(self.rows, title=self.title, fig=self._fig, extra=self.extra, lr=self.lr)
         if self._handle is None:
             self._handle = display(self._fig, display_id=True)
             plt.close(self._fig)  # shown through the handle only, not again at cell end

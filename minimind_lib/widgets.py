@@ -11,14 +11,17 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.axes import Axes
+from matplotlib.image import AxesImage
 
 
-def plot_attention(ax: Axes, weights: torch.Tensor, tokens: Sequence[str], title: str = "") -> None:
-    """Heatmap of one head's attention ``weights`` (T, T): row = query, column = key.
+def plot_attention(ax: Axes, weights: torch.Tensor, tokens: Sequence[str],
+                   title: str = "") -> AxesImage:
+    """Heatmap of one head's attention ``weights`` (T, T): row = query, column = key, colours
+    from 0 to 1 (the image is returned, for ``fig.colorbar``).
 
     >>> import matplotlib; matplotlib.use("Agg")
     >>> fig, ax = plt.subplots()
-    >>> plot_attention(ax, torch.tensor([[1.0, 0.0], [0.3, 0.7]]), ["a", "b"], "head 0")
+    >>> image = plot_attention(ax, torch.tensor([[1.0, 0.0], [0.3, 0.7]]), ["a", "b"], "head 0")
     >>> [t.get_text() for t in ax.get_xticklabels()]
     ['a', 'b']
     >>> plt.close(fig)
@@ -26,12 +29,13 @@ def plot_attention(ax: Axes, weights: torch.Tensor, tokens: Sequence[str], title
     if weights.dim() != 2 or not weights.shape[0] == weights.shape[1] == len(tokens):
         raise ValueError(f"weights must be (T, T) with T = len(tokens) = {len(tokens)}, "
                          f"got shape {tuple(weights.shape)}")
-    ax.imshow(weights.detach().float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+    image = ax.imshow(weights.detach().float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
     ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=8)
     ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     ax.set_title(title)
+    return image
 
 
 def attention_explorer(maps: torch.Tensor, tokens: Sequence[str]):
@@ -50,7 +54,8 @@ def attention_explorer(maps: torch.Tensor, tokens: Sequence[str]):
     def draw(layer: int, head: int) -> None:
         size = max(4.0, 0.35 * len(tokens))
         fig, ax = plt.subplots(figsize=(size, size))
-        plot_attention(ax, maps[layer, head], tokens, f"layer {layer}, head {head}")
+        image = plot_attention(ax, maps[layer, head], tokens, f"layer {layer}, head {head}")
+        fig.colorbar(image, ax=ax, fraction=0.046, label="attention weight")
         plt.show()
 
     out = w.interactive_output(draw, {"layer": layer, "head": head})

@@ -5,19 +5,187 @@ in notebooks/solutions/ (which nbval runs, so the worked answers pass their chec
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from minimind_lib import REPO_ROOT
+from minimind_lib.data import sft_example
 from minimind_lib.exercises import CHECKS, exercise
+from minimind_lib.model import MiniMindForCausalLM, load_balancing_loss
+from minimind_lib.tokenizer import apply_chat_template
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CALL = re.compile(r"""exercise\(\s*["'](\d\d\.\d+)["']""")
 
+
+# --- plausible wrong answers: the mistake a student is likely to make, one per exercise -------
+
+
+def _knowledge_share(records):  # 00.1: the other family
+    return sum(r.get("family") == "knowledge" for r in records) / len(records)
+
+
+def _valid_pair():  # 00.2: a pair read_jsonl accepts
+    return {"chosen": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "5"}]}
+
+
+def _merge_overlapping(ids, pair, new_id):  # 01.1: forgets to skip the merged symbol
+    out = list(ids)
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == pair:
+            out[i] = new_id
+            out[i + 1] = None
+    return [t for t in out if t is not None]
+
+
+def _encode_rendered(tokenizer, messages, add_generation_prompt=False):  # 01.3: the injection
+    return tokenizer.encode(apply_chat_template(messages, add_generation_prompt))
+
+
+def _window_off_by_one(T, window):  # 02.1: i - j <= window
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return (j <= i) & (i - j <= window)
+
+
+def _kv_bytes_without_gqa(config, seq_len, bytes_per_value):  # 02.2: one KV head per query head
+    return (2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * seq_len
+            * bytes_per_value)
+
+
+def _causal_only(attention_mask):  # 02.3: forgets the pads
+    B, T = attention_mask.shape
+    return torch.ones(T, T, dtype=torch.bool).tril().expand(B, 1, T, T)
+
+
+def _count_untied(c):  # 03.1: counts the head even when tied
+    attn = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    return (2 * c.vocab_size * c.hidden_size + c.hidden_size
+            + c.num_hidden_layers * (attn + mlp + 2 * c.hidden_size))
+
+
+def _rope_interleaved(x, position, theta):  # 03.3: pairs (0, 1), (2, 3)... (GPT-J), not halves
+    d = x.shape[-1]
+    z = torch.complex(x[0::2], x[1::2])
+    freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    z = z * torch.polar(torch.ones(d // 2), position * freq)
+    return torch.stack([z.real, z.imag], dim=-1).flatten()
+
+
+def _lr_to_zero(step, max_steps, peak, warmup, min_ratio=0.1):  # 04.2: decays to 0
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (1 - (step - warmup) / max(1, max_steps - 1 - warmup))
+
+
+def _every_turn(tokenizer, messages, max_length):  # 05.1: the default mask, every reply
+    return sft_example(tokenizer, messages, max_length)
+
+
+def _char_f1_sets(prediction, reference):  # 05.2: sets instead of multisets
+    p, r = set(prediction) - {" "}, set(reference) - {" "}
+    if not p or not r:
+        return float(p == r)
+    shared = len(p & r)
+    return 0.0 if shared == 0 else 2 * shared / (len(p) + len(r))
+
+
+def _unsigned_levels(w, bits):  # 07.1: 2^bits - 1 levels, as if unsigned
+    qmax = 2 ** bits - 1
+    s = w.abs().amax(dim=1, keepdim=True) / qmax
+    return torch.round(w / s).clamp(-qmax, qmax), s
+
+
+def _per_channel_error(w, g):  # 07.2: ignores g (one group per row)
+    s = w.abs().amax(dim=1, keepdim=True) / 127
+    return float((w - torch.round(w / s) * s).abs().mean())
+
+
+def _int8_bytes_no_scales(c):  # 07.3: forgets the fp32 scales
+    norms = (2 * c.num_hidden_layers + 1) * c.hidden_size
+    return MiniMindForCausalLM(c).num_parameters() - norms + 4 * norms
+
+
+def _min_p_on_logits(logits, min_p):  # 08.1: the threshold on logits, not probabilities
+    return torch.softmax(logits.masked_fill(logits < min_p * logits.max(), float("-inf")), -1)
+
+
+def _sign_aware_penalty(logits, seen_ids, theta):  # 08.2: Hugging Face's rule, not CTRL's
+    z = logits.clone()
+    seen = torch.tensor(sorted(set(seen_ids)))
+    z[seen] = torch.where(z[seen] > 0, z[seen] / theta, z[seen] * theta)
+    return z
+
+
+def _penalty_without_cache(model, prompt_ids, n_new, theta):  # 08.3: right tokens, no cache
+    ids = list(prompt_ids)
+    for _ in range(n_new):
+        with torch.no_grad():
+            z = model(torch.tensor([ids])).logits[0, -1]
+        ids.append(int(_sign_aware_penalty(z, ids, theta).argmax()))
+    return ids[len(prompt_ids):]
+
+
+def _switch_renormalised(logits):  # 11.1: renormalises the one weight to 1
+    expert = logits.argmax(dim=-1)
+    return expert, torch.ones(len(expert))
+
+
+def _per_sequence_aux(probs, chosen, alpha):  # 11.2: MiniMind's per-sequence loss
+    return load_balancing_loss(probs, chosen, alpha, seq_aux=True)
+
+
+def _all_experts_active(c):  # 11.3: every routed expert counted as active
+    model = MiniMindForCausalLM(c)
+    return model.num_parameters(), model.num_parameters()
+
+
+def _slopes_any_h(H):  # 12.2: 2^(-8h/H), right only when H is a power of two
+    return [2 ** (-8 * h / H) for h in range(1, H + 1)]
+
+
+def _yarn_band_unclamped(d, theta, L, beta_fast, beta_slow):  # 12.3: no clamps
+    at = lambda r: d * math.log(L / (2 * math.pi * r)) / (2 * math.log(theta))  # noqa: E731
+    return math.floor(at(beta_fast)), math.ceil(at(beta_slow))
+
+
 #: exercise id -> a plausible wrong answer (added with each exercise)
-WRONG: dict[str, object] = {}
+WRONG: dict[str, object] = {
+    "00.1": _knowledge_share,
+    "00.2": _valid_pair,
+    "01.1": _merge_overlapping,
+    "01.2": lambda: [("a", "b"), ("Ġ", "c")],  # ties to the first pair seen
+    "01.3": _encode_rendered,
+    "02.1": _window_off_by_one,
+    "02.2": _kv_bytes_without_gqa,
+    "02.3": _causal_only,
+    "03.1": _count_untied,
+    "03.2": lambda h: int(8 * h / 3),  # not rounded up to a multiple of 64
+    "03.3": _rope_interleaved,
+    "04.1": lambda settings, world_size=1: settings.batch_size * settings.seq_len * world_size,
+    "04.2": _lr_to_zero,
+    "04.3": lambda g: 2.0 ** 16,  # GradScaler's initial scale: safe, but not the smallest
+    "05.1": _every_turn,
+    "05.2": _char_f1_sets,
+    "05.3": lambda dataset: dataset.num_targets / len(dataset),  # targets per example
+    "07.1": _unsigned_levels,
+    "07.2": _per_channel_error,
+    "07.3": _int8_bytes_no_scales,
+    "08.1": _min_p_on_logits,
+    "08.2": _sign_aware_penalty,
+    "08.3": _penalty_without_cache,
+    "11.1": _switch_renormalised,
+    "11.2": _per_sequence_aux,
+    "11.3": _all_experts_active,
+    "12.1": lambda positions, s: positions * s,  # stretches instead of squeezing
+    "12.2": _slopes_any_h,
+    "12.3": _yarn_band_unclamped,
+}
 
 
 def _asked(notebook: Path) -> set[str]:

@@ -145,7 +145,9 @@ def test_bf16_context_runs_matmul_in_bf16():
 
 # --- notebooks -------------------------------------------------------------------------
 
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+# the course notebooks and their worked answers (notebooks/solutions/)
+NOTEBOOKS = sorted(p for p in (REPO_ROOT / "notebooks").rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts)
 
 
 def test_there_are_notebooks():
@@ -153,7 +155,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS[0].name == "00_setup_and_data.ipynb"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
 def test_notebook_stored_without_outputs(path: Path):
     nb = json.loads(path.read_text(encoding="utf-8"))
     for i, cell in enumerate(nb["cells"]):
@@ -162,7 +164,7 @@ def test_notebook_stored_without_outputs(path: Path):
             assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
 def test_notebook_checks_itself(path: Path):
     # correctness lives in assert cells, so nbval-lax really checks something
     nb = json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,713 @@
+"""Draw the course's concept diagrams: ``python notebooks/figures/draw_figures.py [NAME ...]``.
+
+Each ``fig_*`` function below draws one diagram with matplotlib and is saved as
+``notebooks/figures/<name>.svg`` (text kept as text, so any browser renders it, Chinese
+included, and GitHub and JupyterLab both show it from a notebook's markdown:
+``![...](figures/<name>.svg)``). The diagrams are drawn, not measured: every number in them
+is an example or a shape, never a result. ``tests/test_figures.py`` checks that every figure a
+notebook shows exists and that this script draws exactly the files in this folder.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+# the SVGs keep text as text, rendered by the reader's browser: a glyph matplotlib's own font
+# lacks (Chinese) is only missing from the layout estimate, not from the picture
+warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "minimind", "font.size": 10,
+                     "font.family": "DejaVu Sans"})
+
+# one colour per kind of thing, in every diagram
+DATA, OP, PARAM, MASK, NOTE = "#dbeafe", "#fde68a", "#d9f99d", "#fecaca", "#f3f4f6"
+FIGURES: dict[str, Callable[[], plt.Figure]] = {}
+
+
+def figure(fn: Callable[[], plt.Figure]) -> Callable[[], plt.Figure]:
+    """Register ``fig_<name>`` as the drawing of ``<name>.svg``."""
+    FIGURES[fn.__name__.removeprefix("fig_")] = fn
+    return fn
+
+
+def canvas(width: float, height: float) -> tuple[plt.Figure, plt.Axes]:
+    """A blank figure whose data coordinates are inches (so boxes keep their shape)."""
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set(xlim=(0, width), ylim=(0, height))
+    ax.axis("off")
+    return fig, ax
+
+
+def box(ax, x: float, y: float, w: float, h: float, text: str = "", color: str = DATA,
+        size: float = 10, mono: bool = False, edge: str = "#374151", **kw) -> None:
+    """A rounded box with its lower-left corner at (x, y), text centred."""
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06",
+                                fc=color, ec=edge, lw=1))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
+                family="DejaVu Sans Mono" if mono else "DejaVu Sans", **kw)
+
+
+def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "",
+          color: str = "#374151", style: str = "-|>", side: str = "right", size: float = 8.5,
+          rad: float = 0.0) -> None:
+    """An arrow from ``start`` to ``end``, optionally labelled beside its middle."""
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=12, color=color,
+                                 lw=1.2, connectionstyle=f"arc3,rad={rad}"))
+    if text:
+        mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
+        dx = 0.08 if side == "right" else -0.08
+        ax.text(mx + dx, my, text, ha="left" if side == "right" else "right", va="center",
+                fontsize=size, color="#374151")
+
+
+def label(ax, x: float, y: float, text: str, size: float = 9, **kw) -> None:
+    ax.text(x, y, text, fontsize=size, **kw)
+
+
+def grid(ax, x: float, y: float, cells: list[list[str]], colors: list[list[str]],
+         cell: float = 0.32, size: float = 8) -> None:
+    """A matrix of small squares, row 0 at the top; ``cells`` its texts."""
+    for r, row in enumerate(cells):
+        for c, text in enumerate(row):
+            ax.add_patch(Rectangle((x + c * cell, y - (r + 1) * cell), cell, cell,
+                                   fc=colors[r][c], ec="#6b7280", lw=0.6))
+            if text:
+                ax.text(x + (c + 0.5) * cell, y - (r + 0.5) * cell, text, ha="center",
+                        va="center", fontsize=size)
+
+
+# =========================================================================== 00 · setup
+
+
+@figure
+def fig_course_map() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.3)
+    stages = [("data/\n*.jsonl", "00", NOTE), ("tokenizer", "01", OP), ("model\n(architecture)",
+              "02 · 03", PARAM), ("pretrain", "04", OP), ("SFT", "05", OP), ("DPO", "06", OP),
+              ("int8", "07", OP), ("chat &\nserve", "08", DATA)]
+    for k, (name, nb, color) in enumerate(stages):
+        x = 0.2 + k * 1.3
+        box(ax, x, 1.6, 1.05, 0.8, name, color)
+        label(ax, x + 0.52, 2.55, f"notebook {nb}", size=8, ha="center")
+        if k:
+            arrow(ax, (x - 0.25, 2.0), (x - 0.02, 2.0))
+    label(ax, 0.2, 1.05, "runs/<profile>/<stage>/ : model.safetensors + config.json + "
+          "metrics.jsonl, made by pipeline.ensure(stage, profile) or python -m minimind_lib "
+          "<stage>", size=8.5)
+    label(ax, 0.2, 0.65, "data/reference/sft/ : the cpu-profile chat model after SFT, shipped "
+          "so notebooks 02, 03, 07 and 08 can show a model that works before you train one",
+          size=8.5)
+    label(ax, 0.2, 0.25, "beyond the main line: 09 LoRA · 10 GRPO · 11 mixture of experts · "
+          "12 long context · 13 vision", size=8.5, color="#4b5563")
+    label(ax, 0.2, 3.0, "The course: one stage per notebook, each stage's output feeds the next",
+          size=11, weight="bold")
+    return fig
+
+
+@figure
+def fig_data_formats() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.4)
+    rows = [("pretrain_sample.jsonl", '{"text": "床前明月光，疑是地上霜。..."}',
+             "pretraining: next-token prediction on every token (notebook 04)"),
+            ("sft_sample.jsonl", '{"conversations": [{"role": "user", "content": "..."},\n'
+             '                   {"role": "assistant", "content": "..."}]}',
+             "SFT: loss on the assistant's replies only (notebook 05)"),
+            ("dpo_sample.jsonl", '{"chosen":   [user, assistant (better)],\n'
+             ' "rejected": [user, assistant (worse)]}',
+             "DPO: make chosen more likely than rejected (notebook 06)")]
+    for k, (name, line, use) in enumerate(rows):
+        y = 2.45 - k * 1.05
+        box(ax, 0.2, y, 1.95, 0.75, name, NOTE, size=8.5, mono=True)
+        box(ax, 2.35, y, 4.55, 0.75, line, DATA, size=7.8, mono=True)
+        arrow(ax, (7.0, y + 0.37), (7.3, y + 0.37))
+        label(ax, 7.35, y + 0.37, use.replace(": ", ":\n", 1).replace(" (", "\n("), size=8.3,
+              va="center")
+    label(ax, 0.2, 3.25, "One JSON object per line (JSON Lines), MiniMind's own formats",
+          size=11, weight="bold")
+    return fig
+
+
+# =========================================================================== 01 · tokenizer
+
+
+@figure
+def fig_bpe_pipeline() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.9)
+    steps = [("text", '"low 你好"', NOTE),
+             ("UTF-8 bytes", "6C 6F 77 20\nE4 BD A0\nE5 A5 BD", DATA),
+             ("byte-level\nsymbols", "l o w Ġ\nä ½ ł\nå ¥ ½", DATA),
+             ("pre-tokens\n(GPT-2 regex)", "[low]\n[Ġä½łå¥½]", DATA),
+             ("apply merges\nin rank order", "low | Ġ |\nä½ł | å¥½", OP),
+             ("ids", "[5139, 223,\n 2507, 1002]", PARAM)]
+    for k, (title, body, color) in enumerate(steps):
+        x = 0.15 + k * 1.72
+        label(ax, x + 0.72, 2.3, title, size=9, ha="center", va="center", weight="bold")
+        box(ax, x, 0.95, 1.45, 0.9, body, color, size=9, mono=True)
+        if k:
+            arrow(ax, (x - 0.26, 1.4), (x - 0.03, 1.4))
+    label(ax, 0.15, 0.45, "decode = the reverse: ids -> each token's bytes -> join -> UTF-8 "
+          "(decode the whole sequence: a token may hold part of a character). The ids are the "
+          "course tokenizer's.", size=8.5)
+    return fig
+
+
+@figure
+def fig_bpe_merge_step() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.2)
+    label(ax, 0.2, 2.95, "One BPE step on Sennrich's toy corpus (word counts x5, x2, x6, x3)",
+          size=11, weight="bold")
+    words = [("l o w", 5), ("l o w e r", 2), ("n e w e s t", 6), ("w i d e s t", 3)]
+    for k, (w, n) in enumerate(words):
+        box(ax, 0.2, 2.2 - k * 0.55, 1.9, 0.42, f"{w}   ×{n}", DATA, size=9, mono=True)
+    arrow(ax, (2.3, 1.5), (3.3, 1.5))
+    label(ax, 2.35, 1.65, "count pairs", size=8)
+    counts = [("e s", 9), ("s t", 9), ("w e", 8), ("l o", 7), ("o w", 7), ("n e", 6), ("...", "")]
+    for k, (p, n) in enumerate(counts):
+        box(ax, 3.5, 2.3 - k * 0.33, 1.5, 0.27, f"({p}) {n}", MASK if k == 0 else NOTE, size=8.5,
+            mono=True)
+    label(ax, 5.1, 2.4, "most frequent;\nties -> smallest\n(left id, right id)", size=8)
+    arrow(ax, (6.2, 1.5), (7.7, 1.5))
+    label(ax, 6.25, 1.65, "merge (e, s) -> es", size=8)
+    for k, (w, n) in enumerate([("l o w", 5), ("l o w e r", 2), ("n e w es t", 6),
+                                ("w i d es t", 3)]):
+        box(ax, 7.9, 2.2 - k * 0.55, 1.9, 0.42, f"{w}   ×{n}", DATA, size=9, mono=True)
+    label(ax, 0.2, 0.15, "repeat until the vocabulary is full: every merge adds one token "
+          "(its id = 3 specials + 256 bytes + merges so far)", size=8.5)
+    return fig
+
+
+@figure
+def fig_chatml() -> plt.Figure:
+    fig, ax = canvas(10.9, 2.6)
+    pieces = [("<|im_start|>", MASK), ("system\nYou are a helpful assistant", DATA),
+              ("<|im_end|>", MASK), ("\\n", NOTE), ("<|im_start|>", MASK), ("user\n1 + 1 = ?", DATA),
+              ("<|im_end|>", MASK), ("\\n", NOTE), ("<|im_start|>", MASK), ("assistant\n", DATA)]
+    widths = [1.05, 2.2, 0.95, 0.3, 1.05, 1.3, 0.95, 0.3, 1.05, 0.9]
+    x = 0.1
+    for (text, color), w in zip(pieces, widths, strict=True):
+        box(ax, x, 1.1, w - 0.05, 0.7, text, color, size=8, mono=True)
+        x += w
+    label(ax, 0.1, 2.2, "ChatML: the prompt of a one-question chat (add_generation_prompt=True)",
+          size=11, weight="bold")
+    label(ax, 0.1, 0.65, "red: special tokens, one id each (<|im_start|> = 1, <|im_end|> = 2), "
+          "made only by the template, never by parsing message content", size=8.5)
+    label(ax, 0.1, 0.3, "blue: ordinary text, encoded with allowed_special=set(); the model "
+          "continues after 'assistant\\n' and stops at its own <|im_end|>", size=8.5)
+    return fig
+
+
+# =========================================================================== 02 · attention
+
+
+@figure
+def fig_attention_shapes() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.6)
+    box(ax, 0.1, 1.45, 1.3, 0.7, "x\n(B, T, C)", DATA)
+    for k, (name, shape) in enumerate([("Q = x W_Q", "(B, H, T, D)"), ("K = x W_K",
+                                       "(B, H_kv, T, D)"), ("V = x W_V", "(B, H_kv, T, D)")]):
+        y = 2.55 - k * 1.0
+        box(ax, 1.9, y, 1.55, 0.7, f"{name}\n{shape}", PARAM, size=9)
+        arrow(ax, (1.42, 1.8), (1.88, y + 0.35))
+    box(ax, 4.0, 2.05, 1.7, 0.7, "Q Kᵀ / √D\n(B, H, T, T)", OP, size=9)
+    arrow(ax, (3.47, 2.9), (3.98, 2.5))
+    arrow(ax, (3.47, 1.9), (3.98, 2.3))
+    box(ax, 6.0, 2.05, 1.35, 0.7, "+ mask\n(-inf above\nthe diagonal)", MASK, size=8.5)
+    arrow(ax, (5.72, 2.4), (5.98, 2.4))
+    box(ax, 7.65, 2.05, 1.2, 0.7, "softmax\nper row", OP, size=9)
+    arrow(ax, (7.37, 2.4), (7.63, 2.4))
+    box(ax, 7.65, 0.75, 1.2, 0.7, "weights @ V\n(B, H, T, D)", OP, size=9)
+    arrow(ax, (8.25, 2.03), (8.25, 1.47))
+    arrow(ax, (3.47, 0.9), (7.63, 1.05))
+    box(ax, 9.1, 0.75, 1.3, 0.7, "merge heads,\nW_O: (B, T, C)", PARAM, size=8.5)
+    arrow(ax, (8.87, 1.1), (9.08, 1.1))
+    label(ax, 0.1, 3.35, "One attention layer, with the shape of every tensor "
+          "(B batch, T tokens, C width, H heads of size D = C / H)", size=11, weight="bold")
+    label(ax, 0.1, 0.25, "GQA: K and V have H_kv < H heads; query head h reads KV head "
+          "h // (H / H_kv)", size=8.5)
+    return fig
+
+
+@figure
+def fig_causal_mask_and_cache() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.5)
+    t = 5
+    cells = [["" for _ in range(t)] for _ in range(t)]
+    colors = [[DATA if j <= i else MASK for j in range(t)] for i in range(t)]
+    grid(ax, 0.6, 2.9, cells, colors, cell=0.42)
+    for i in range(t):
+        label(ax, 0.35, 2.9 - (i + 0.5) * 0.42, f"q{i}", size=8, va="center")
+        label(ax, 0.6 + (i + 0.5) * 0.42, 2.98, f"k{i}", size=8, ha="center")
+    label(ax, 0.2, 3.3, "Training: all T queries at once", size=10, weight="bold")
+    label(ax, 0.2, 0.45, "blue: may attend (j <= i)\nred: -inf, weight exactly 0", size=8.5)
+    label(ax, 4.0, 3.3, "Generation with a KV cache: one new query per step", size=10,
+          weight="bold")
+    for step in range(3):
+        y = 2.55 - step * 0.8
+        n = 3 + step
+        for j in range(n):
+            cached = j < n - 1
+            ax.add_patch(Rectangle((4.6 + j * 0.45, y), 0.42, 0.42, fc=NOTE if cached else PARAM,
+                                   ec="#6b7280", lw=0.6))
+            ax.text(4.6 + (j + 0.5) * 0.45, y + 0.21, f"k{j}", ha="center", va="center",
+                    fontsize=7.5)
+        box(ax, 4.6 + n * 0.45 + 0.2, y, 0.6, 0.42, f"q{n - 1}", OP, size=8)
+        label(ax, 4.0, y + 0.21, f"step {step + 1}", size=8, va="center")
+    label(ax, 4.0, 0.45, "grey: keys/values cached from earlier steps (never change: causal)\n"
+          "green: the new token's k, v, appended; the one query sees every key, so no mask\n"
+          "(SDPA's is_causal=True would align top-left and let it see k0 only)", size=8.5)
+    return fig
+
+
+@figure
+def fig_gqa_heads() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.6)
+    label(ax, 0.2, 2.35, "Grouped-query attention: 8 query heads share 2 key/value heads "
+          "(MiniMind2-Small)", size=11, weight="bold")
+    for h in range(8):
+        box(ax, 0.6 + h * 1.2, 1.45, 0.9, 0.45, f"Q head {h}", OP, size=8)
+    for g in range(2):
+        x = 0.6 + g * 4.8 + 1.55
+        box(ax, x, 0.35, 1.5, 0.5, f"K, V head {g}", PARAM, size=8.5)
+        for h in range(4 * g, 4 * g + 4):
+            arrow(ax, (x + 0.75, 0.87), (0.6 + h * 1.2 + 0.45, 1.43), style="-")
+    label(ax, 0.2, 0.05, "the KV cache holds 2 heads instead of 8: 4x smaller; "
+          "H_kv = H is multi-head attention, H_kv = 1 multi-query", size=8.5)
+    return fig
+
+
+# =========================================================================== 03 · transformer
+
+
+@figure
+def fig_blocks() -> plt.Figure:
+    fig, ax = canvas(10.5, 4.6)
+
+    def column(x: float, title: str, rows: list[tuple[str, str]], note: str) -> None:
+        label(ax, x, 4.35, title, size=10.5, weight="bold")
+        y = 3.75
+        for text, color in rows:
+            box(ax, x + 0.3, y - 0.45, 2.6, 0.45, text, color, size=8.5)
+            y -= 0.62
+        for k in range(len(rows) - 1):
+            arrow(ax, (x + 1.6, 3.3 - k * 0.62), (x + 1.6, 3.14 - k * 0.62))
+        label(ax, x, 0.2, note, size=8.3)
+
+    column(0.1, "Classic (2017, post-norm)",
+           [("x + positions (sinusoids)", NOTE), ("multi-head attention (causal)", OP),
+            ("x = LayerNorm(x + attn)", MASK), ("MLP 4C, GELU", OP),
+            ("x = LayerNorm(x + mlp)", MASK)],
+           "the norm sits on the residual path:\n2L renormalisations; needs warm-up")
+    column(3.6, "MiniMind / Llama (pre-norm)",
+           [("x (no position vectors)", NOTE), ("h = RMSNorm(x)", MASK),
+            ("x = x + GQA-attention(h), RoPE on q, k", OP), ("h = RMSNorm(x)", MASK),
+            ("x = x + SwiGLU(h), width ≈ 8C/3", OP)],
+           "an untouched identity path from output\nto embedding; one final norm at the end")
+    label(ax, 7.1, 4.35, "What changed, and why", size=10.5, weight="bold")
+    reasons = ["post-norm -> pre-norm: trains without\nfragile warm-up (Xiong et al. 2020)",
+               "LayerNorm -> RMSNorm: no centring,\nno bias, cheaper (Zhang & Sennrich 2019)",
+               "sinusoids -> RoPE: scores depend on\nrelative position (Su et al. 2021)",
+               "GELU MLP -> SwiGLU: gated, better at\nthe same size (Shazeer 2020)",
+               "multi-head -> GQA: 4x smaller KV cache\n(Ainslie et al. 2023)"]
+    for k, r in enumerate(reasons):
+        label(ax, 7.1, 3.6 - k * 0.68, r, size=8.3, va="center")
+    return fig
+
+
+@figure
+def fig_model_overview() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.3)
+    label(ax, 0.15, 3.05, "MiniMind2-Small: token ids in, next-token logits out", size=11,
+          weight="bold")
+    parts = [("token ids\n(B, T)", NOTE), ("embed_tokens\nV x C", PARAM), ("h\n(B, T, C)", DATA),
+             ("L x Block\n(RoPE cos/sin\nfor positions\nstart..end)", OP), ("RMSNorm\n(final)", MASK),
+             ("lm_head\nC -> V", PARAM), ("logits\n(B, T, V)", DATA)]
+    for k, (text, color) in enumerate(parts):
+        x = 0.15 + k * 1.48
+        box(ax, x, 1.0, 1.22, 1.15, text, color, size=8.5)
+        if k:
+            arrow(ax, (x - 0.25, 1.57), (x - 0.02, 1.57))
+    arrow(ax, (2.24, 2.17), (8.16, 2.17), style="<|-|>", rad=-0.15)
+    label(ax, 5.2, 2.72, "the same V x C matrix (tied weights, Press & Wolf 2017)", size=8.5,
+          ha="center")
+    label(ax, 0.15, 0.45, "generate: logits of the last position -> pick a token (greedy argmax, "
+          "or sample at temperature T) -> append -> repeat; with a KV cache only the new token "
+          "goes through", size=8.5)
+    label(ax, 0.15, 0.12, "the loss: cross-entropy of logits[:, t] against token t + 1 "
+          "(the labels are shifted, not the logits)", size=8.5)
+    return fig
+
+
+@figure
+def fig_rope_rotation() -> plt.Figure:
+    import math
+
+    fig, ax = canvas(10.5, 3.4)
+    label(ax, 0.2, 3.15, "RoPE: pair (x_i, x_{i+D/2}) of a query or key at position m turns by "
+          "m·θ_i", size=11, weight="bold")
+    for k, (m, name) in enumerate([(0, "position 0"), (1, "position 1"), (2, "position 2"),
+                                   (5, "position 5")]):
+        cx, cy, r = 1.1 + k * 2.1, 1.55, 0.75
+        ax.add_patch(matplotlib.patches.Circle((cx, cy), r, fill=False, ec="#9ca3af"))
+        for theta, color in [(0.9, "#dc2626"), (0.25, "#2563eb")]:
+            a = m * theta
+            ax.annotate("", (cx + r * math.cos(a), cy + r * math.sin(a)), (cx, cy),
+                        arrowprops=dict(arrowstyle="-|>", color=color, lw=1.3))
+        label(ax, cx, 0.55, name, size=9, ha="center")
+    label(ax, 8.7, 2.3, "red: a fast pair\n(large θ_i)", size=8.5, color="#dc2626")
+    label(ax, 8.7, 1.6, "blue: a slow pair\n(θ_i = base^(-2i/D))", size=8.5, color="#2563eb")
+    label(ax, 0.2, 0.12, "q at m and k at n: ⟨R_m q, R_n k⟩ = ⟨q, R_(n-m) k⟩, the score depends "
+          "only on m - n", size=8.5)
+    return fig
+
+
+# =========================================================================== 04 · pretraining
+
+
+@figure
+def fig_training_step() -> plt.Figure:
+    fig, ax = canvas(10.5, 4.2)
+    label(ax, 0.15, 3.95, "One optimizer step (minimind_lib.train.train_step, built in notebook "
+          "04)", size=11, weight="bold")
+    box(ax, 0.15, 2.75, 1.7, 0.75, "lr = warmup,\nthen cosine(step)", NOTE, size=8.5)
+    arrow(ax, (1.87, 3.12), (2.15, 3.12))
+    ax.add_patch(FancyBboxPatch((2.2, 1.6), 4.4, 2.1, boxstyle="round,pad=0.02",
+                                fc="none", ec="#9ca3af", ls="--"))
+    label(ax, 2.3, 3.45, "repeat A times (accumulation)", size=8.5, color="#4b5563")
+    box(ax, 2.35, 2.55, 1.3, 0.7, "micro-batch\n(B/A, T+1)", DATA, size=8.5)
+    box(ax, 3.9, 2.55, 1.2, 0.7, "forward\nunder autocast", OP, size=8.5)
+    box(ax, 5.3, 2.55, 1.2, 0.7, "loss / A\n(fp32)", DATA, size=8.5)
+    arrow(ax, (3.67, 2.9), (3.88, 2.9))
+    arrow(ax, (5.12, 2.9), (5.28, 2.9))
+    box(ax, 3.9, 1.7, 2.6, 0.6, "scaler.scale(loss / A).backward()\n.grad adds up", OP, size=8.5)
+    arrow(ax, (5.9, 2.53), (5.9, 2.32))
+    steps = [("unscale_\n(fp16 only)", OP), ("clip global\nnorm to c", OP),
+             ("finite loss\nand norm?", MASK), ("scaler.step:\nAdamW", PARAM),
+             ("scaler.update;\nzero_grad", NOTE)]
+    for k, (text, color) in enumerate(steps):
+        x = 0.15 + k * 2.05
+        box(ax, x, 0.45, 1.6, 0.75, text, color, size=8.5)
+        if k:
+            arrow(ax, (x - 0.43, 0.82), (x - 0.02, 0.82))
+    label(ax, 6.1, 0.95, "yes", size=8)
+    arrow(ax, (3.9, 1.7), (1.0, 1.22))
+    label(ax, 4.35, 0.15, "no: skip the step (logged); max_bad_steps in a row stop training",
+          size=8.3, color="#b91c1c")
+    return fig
+
+
+@figure
+def fig_token_stream() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.0)
+    label(ax, 0.15, 2.75, "Pretraining data: one uint16 stream of token ids, read through a "
+          "memory map", size=11, weight="bold")
+    tokens = ["床", "前", "明", "月", "光", "<eot>", "The", " king", " is", "<eot>", "春", "眠",
+              "不"]
+    for k, t in enumerate(tokens):
+        box(ax, 0.15 + k * 0.78, 1.75, 0.73, 0.5, t, MASK if t == "<eot>" else DATA, size=8.5)
+    for k, (start, color) in enumerate([(0, "#2563eb"), (4, "#16a34a"), (8, "#9333ea")]):
+        x0, x1 = 0.15 + start * 0.78, 0.15 + (start + 5) * 0.78 - 0.05
+        ax.plot([x0, x1], [1.6 - k * 0.12] * 2, color=color, lw=3)
+    label(ax, 0.15, 1.05, "windows of T + 1 = 5 tokens; consecutive windows share one token, "
+          "so each token is a target exactly once", size=8.5)
+    label(ax, 0.15, 0.6, "inputs = window[:-1] = 床 前 明 月      targets = window[1:] = 前 明 月 光"
+          "      (the model shifts the labels itself)", size=8.5)
+    label(ax, 0.15, 0.2, "<eot> = <|endoftext|> ends each document; 1 document in 50 goes to "
+          "the validation stream", size=8.5)
+    return fig
+
+
+@figure
+def fig_float_formats() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.7)
+    label(ax, 0.15, 2.45, "Floating-point formats: sign | exponent (range) | mantissa "
+          "(precision)", size=11, weight="bold")
+    formats = [("fp32", 1, 8, 23, "range 1e±38, ~7 digits"),
+               ("bf16", 1, 8, 7, "fp32's range, ~3 digits: no loss scaling needed"),
+               ("fp16", 1, 5, 10, "max 65504, nothing below 6e-8: small gradients vanish")]
+    w = 0.2
+    for k, (name, s, e, m, note) in enumerate(formats):
+        y = 1.75 - k * 0.6
+        label(ax, 0.15, y + 0.12, name, size=10, weight="bold")
+        x = 0.85
+        for n, color in [(s, MASK), (e, OP), (m, DATA)]:
+            ax.add_patch(Rectangle((x, y), n * w, 0.35, fc=color, ec="#6b7280", lw=0.6))
+            x += n * w
+        label(ax, x + 0.15, y + 0.12, note, size=8.3)
+    return fig
+
+
+# =========================================================================== 05 · SFT
+
+
+@figure
+def fig_sft_mask() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.8)
+    label(ax, 0.15, 2.55, "SFT: the loss only where the assistant speaks", size=11,
+          weight="bold")
+    pieces = [("<|im_start|>", False), ("system\\n", False), ("You are…", False),
+              ("<|im_end|>", False), ("\\n", False), ("<|im_start|>", False), ("user\\n", False),
+              ("3+5=?", False), ("<|im_end|>", False), ("\\n", False), ("<|im_start|>", False),
+              ("assistant\\n", False), ("8", True), ("<|im_end|>", True), ("\\n", False)]
+    x = 0.1
+    for text, supervised in pieces:
+        w = 0.16 + 0.064 * len(text)
+        box(ax, x, 1.5, w, 0.5, text, "#b7e4b0" if supervised else NOTE, size=7, mono=True)
+        label(ax, x + w / 2, 1.25, "label" if supervised else "-100", size=7, ha="center",
+              color="#166534" if supervised else "#6b7280")
+        x += w + 0.04
+    label(ax, 0.15, 0.7, "green: targets (the reply's tokens and the <|im_end|> that closes it: "
+          "the model learns to answer and to stop)", size=8.5)
+    label(ax, 0.15, 0.3, "grey: context only (label -100 = F.cross_entropy's ignore_index): "
+          "the question conditions every prediction but is never one", size=8.5)
+    return fig
+
+
+@figure
+def fig_sft_batch() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.9)
+    label(ax, 0.15, 2.65, "An SFT batch: right-padded to its longest example", size=11,
+          weight="bold")
+    rows = [(9, 3), (6, 2), (11, 4)]
+    longest = max(n for n, _ in rows)
+    for r, (n, answer) in enumerate(rows):
+        y = 1.9 - r * 0.5
+        for j in range(longest):
+            if j >= n:
+                color, text = "#e5e7eb", "pad"
+            elif j >= n - answer:
+                color, text = "#b7e4b0", "t"
+            else:
+                color, text = NOTE, "c"
+            ax.add_patch(Rectangle((0.9 + j * 0.5, y), 0.48, 0.4, fc=color, ec="#6b7280",
+                                   lw=0.6))
+            ax.text(0.9 + (j + 0.5) * 0.5, y + 0.2, text, ha="center", va="center", fontsize=7.5)
+        label(ax, 0.15, y + 0.2, f"row {r}", size=8.5, va="center")
+    label(ax, 6.7, 1.9, "c: context (label -100)\nt: target (label = id)\npad: <|endoftext|> "
+          "id,\nlabel -100", size=8.5, va="top")
+    label(ax, 0.15, 0.15, "no attention mask needed: causal attention means a real token never "
+          "sees the pads to its right", size=8.5)
+    return fig
+
+
+# =========================================================================== 07 · quantisation
+
+
+@figure
+def fig_absmax() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.8)
+    label(ax, 0.15, 2.55, "absmax int8: the largest |w| of a row maps to 127, the rest "
+          "proportionally", size=11, weight="bold")
+    ax.plot([0.8, 9.8], [1.7, 1.7], color="#374151", lw=1)
+    for q in range(-127, 128, 16):
+        x = 5.3 + q / 127 * 4.5
+        ax.plot([x, x], [1.62, 1.78], color="#6b7280", lw=0.8)
+    for x, t in [(0.8, "-max|w|  (q = -127)"), (5.3, "0"), (9.8, "max|w|  (q = 127)")]:
+        label(ax, x, 1.92, t, size=8.5, ha="center")
+    for w in (-0.61, 0.23, 0.87):
+        x = 5.3 + w * 4.5
+        ax.plot([x], [1.7], "o", color="#dc2626", ms=5)
+        q = round(w * 127)
+        label(ax, x, 1.3, f"w = {w:+.2f}·max -> q = {q}", size=8, ha="center", color="#b91c1c")
+    label(ax, 0.15, 0.75, "s = max|w| / 127,  q = round(w / s) ∈ [-127, 127],  ŵ = s·q,  "
+          "|w - ŵ| <= s / 2", size=9)
+    label(ax, 0.15, 0.3, "per tensor: one s for the matrix; per channel: one s_i per output row "
+          "(4 bytes per row: 1.6% of a 256-wide row)", size=8.5)
+    return fig
+
+
+@figure
+def fig_int8_linear() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.8)
+    label(ax, 0.15, 2.55, "Weight-only int8 Linear: y = (x Qᵀ) ⊙ s", size=11, weight="bold")
+    box(ax, 0.15, 1.2, 1.4, 0.8, "x\n(..., in)\nfloat", DATA, size=8.5)
+    box(ax, 0.15, 0.2, 1.4, 0.8, "Q (out, in)\nint8: 1 byte", PARAM, size=8.5)
+    box(ax, 2.0, 0.2, 1.6, 0.8, "cast to x's\ndtype", OP, size=8.5)
+    arrow(ax, (1.57, 0.6), (1.98, 0.6))
+    box(ax, 4.1, 0.9, 1.6, 0.8, "x @ Qᵀ\n(..., out)", OP, size=8.5)
+    arrow(ax, (1.57, 1.6), (4.08, 1.4))
+    arrow(ax, (3.62, 0.6), (4.08, 1.1))
+    box(ax, 6.2, 0.9, 1.6, 0.8, "⊙ s\n(out,) fp32", OP, size=8.5)
+    arrow(ax, (5.72, 1.3), (6.18, 1.3))
+    box(ax, 8.3, 0.9, 1.6, 0.8, "y\n(..., out)", DATA, size=8.5)
+    arrow(ax, (7.82, 1.3), (8.28, 1.3))
+    label(ax, 4.1, 2.05, "s scales whole rows of W = whole output columns, so it can wait "
+          "until after the matmul", size=8.5)
+    return fig
+
+
+# =========================================================================== 08 · inference
+
+
+@figure
+def fig_sampling_pipeline() -> plt.Figure:
+    fig, ax = canvas(10.5, 2.6)
+    label(ax, 0.15, 2.35, "From logits to the next token (minimind_lib.model.sample_next_token)",
+          size=11, weight="bold")
+    steps = [("logits z\n(V,)", DATA), ("repetition\npenalty\n(optional)", NOTE),
+             ("z / T\n(T = 0: argmax)", OP), ("top-k: keep\nthe k best", MASK),
+             ("top-p: keep the\nsmallest set\nwith mass >= p", MASK), ("softmax ->\nsample", OP),
+             ("next\ntoken", PARAM)]
+    for k, (text, color) in enumerate(steps):
+        x = 0.15 + k * 1.48
+        box(ax, x, 0.75, 1.2, 1.05, text, color, size=8.5)
+        if k:
+            arrow(ax, (x - 0.26, 1.27), (x - 0.02, 1.27))
+    label(ax, 0.15, 0.25, "removed tokens get -inf, so softmax gives them probability exactly 0;"
+          " the best token always survives top-p", size=8.5)
+    return fig
+
+
+@figure
+def fig_serving() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.2)
+    label(ax, 0.15, 2.95, "Serving: one HTTP server, one model, one generation at a time",
+          size=11, weight="bold")
+    for k, name in enumerate(["browser\n(chat page at /)", "openai client", "httpx / curl"]):
+        box(ax, 0.15, 2.0 - k * 0.75, 1.6, 0.6, name, NOTE, size=8.5)
+        arrow(ax, (1.77, 2.3 - k * 0.75), (2.48, 1.6), style="<|-|>")
+    box(ax, 2.5, 0.9, 2.3, 1.45, "uvicorn event loop\nFastAPI routes:\nPOST /generate\n"
+        "POST /v1/chat/completions\nGET /v1/models", OP, size=8.3)
+    box(ax, 5.3, 1.3, 1.4, 0.6, "job queue", DATA, size=8.5)
+    arrow(ax, (4.82, 1.6), (5.28, 1.6))
+    label(ax, 4.85, 1.72, "submit", size=8)
+    box(ax, 7.2, 0.9, 1.5, 1.45, "worker thread:\nmodel.stream\n(KV cache)", PARAM, size=8.5)
+    arrow(ax, (6.72, 1.6), (7.18, 1.6))
+    arrow(ax, (7.18, 1.0), (4.82, 1.0))
+    label(ax, 5.0, 0.6, "tokens -> text, streamed back\n(server-sent events)", size=8)
+    label(ax, 8.85, 1.6, "a model must not\ninterleave two\ngenerations", size=8, va="center")
+    label(ax, 0.15, 0.1, "bad requests get HTTP 400 with OpenAI's error shape; it binds "
+          "127.0.0.1 unless told otherwise", size=8.5)
+    return fig
+
+
+# =========================================================================== 11 · MoE
+
+
+@figure
+def fig_moe_layer() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.9)
+    label(ax, 0.15, 3.65, "A mixture-of-experts FFN (MiniMind: E = 4 routed, top-k = 2, "
+          "1 shared)", size=11, weight="bold")
+    box(ax, 0.15, 1.5, 1.2, 0.7, "token x\n(C,)", DATA, size=9)
+    box(ax, 1.8, 2.3, 1.6, 0.7, "router W_g\nsoftmax, top-k", OP, size=8.5)
+    arrow(ax, (1.37, 1.95), (1.78, 2.55))
+    for e in range(4):
+        chosen = e in (1, 3)
+        box(ax, 4.0 + e * 1.2, 2.3, 1.0, 0.6, f"expert {e}", PARAM if chosen else "#f9fafb",
+            size=8.5, edge="#374151" if chosen else "#d1d5db")
+    for e, w in [(1, "w = 0.62"), (3, "w = 0.38")]:
+        arrow(ax, (3.42, 2.75), (4.0 + e * 1.2 + 0.5, 2.92), rad=-0.25)
+        label(ax, 4.0 + e * 1.2 + 0.6, 3.0, w, size=8)
+    box(ax, 4.0, 1.0, 2.2, 0.6, "shared expert (every token)", PARAM, size=8.5)
+    arrow(ax, (1.37, 1.7), (3.98, 1.3))
+    box(ax, 8.9, 1.5, 1.4, 0.7, "y = Σ w_e·FFN_e(x)\n+ shared(x)", OP, size=8)
+    arrow(ax, (6.22, 1.3), (8.88, 1.75))
+    arrow(ax, (5.7, 2.28), (8.88, 1.95))
+    arrow(ax, (8.1, 2.28), (8.95, 2.1))
+    label(ax, 0.15, 0.35, "parameters grow with E; compute per token with k + shared. The "
+          "load-balancing loss keeps the router from sending everything to one expert.",
+          size=8.5)
+    return fig
+
+
+@figure
+def fig_moe_dispatch() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.1)
+    label(ax, 0.15, 2.85, "Sorted dispatch: each expert runs once, on the tokens routed to it",
+          size=11, weight="bold")
+    slots = [(0, 1), (0, 3), (1, 0), (1, 1), (2, 1), (2, 2)]
+    for k, (tok, e) in enumerate(slots):
+        box(ax, 0.15 + k * 0.75, 1.8, 0.65, 0.55, f"t{tok}→e{e}", DATA, size=8)
+    label(ax, 0.15, 1.55, "slots (token, choice): N·k of them", size=8.5)
+    arrow(ax, (4.8, 2.07), (6.3, 2.07))
+    label(ax, 4.85, 2.2, "argsort by expert", size=8)
+    groups = {0: [1], 1: [0, 1, 2], 2: [2], 3: [0]}
+    x = 6.5
+    for e, toks in groups.items():
+        box(ax, x, 2.35 - e * 0.45, 0.8, 0.37, f"e{e}", PARAM, size=8)
+        label(ax, x + 0.95, 2.53 - e * 0.45, "tokens " + ", ".join(f"t{t}" for t in toks), size=8,
+              va="center")
+    label(ax, 0.15, 0.55, "then y.index_add_(0, tokens, w · expert(x[tokens])): the same sum as "
+          "running every expert on every token and weighing the unchosen by 0", size=8.5)
+    label(ax, 0.15, 0.2, "an expert treats each token independently, so how tokens are grouped "
+          "changes only the order of float additions", size=8.5)
+    return fig
+
+
+# =========================================================================== 12 · long context
+
+
+@figure
+def fig_rope_turns() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.0)
+    label(ax, 0.15, 2.75, "Past the training length T, slow RoPE pairs reach angles never "
+          "seen", size=11, weight="bold")
+    ax.add_patch(Rectangle((0.8, 0.7), 4.0, 1.6, fc=DATA, ec="none"))
+    ax.add_patch(Rectangle((4.8, 0.7), 5.2, 1.6, fc=MASK, ec="none", alpha=0.6))
+    label(ax, 2.8, 2.4, "positions 0 .. T (training)", size=8.5, ha="center")
+    label(ax, 7.4, 2.4, "T .. 8T (reading long)", size=8.5, ha="center")
+    import numpy as np
+
+    xs = np.linspace(0.8, 10.0, 400)
+    for k, (turns, color) in enumerate([(6.0, "#2563eb"), (0.6, "#dc2626")]):
+        y0 = 1.85 - k * 0.75
+        ax.plot(xs, y0 + 0.25 * np.sin(2 * np.pi * turns * (xs - 0.8) / 4.0), color=color, lw=1.2)
+    label(ax, 0.15, 1.85, "fast", size=8.5, color="#2563eb", va="center")
+    label(ax, 0.15, 1.1, "slow", size=8.5, color="#dc2626", va="center")
+    label(ax, 0.15, 0.15, "fast pairs turned many times within T: every angle was seen; a slow "
+          "pair only saw part of its circle.\nPI, NTK and YaRN slow the pairs down (each "
+          "differently) so that long inputs stay within the angles seen in training.", size=8.3)
+    return fig
+
+
+@figure
+def fig_alibi() -> plt.Figure:
+    fig, ax = canvas(10.5, 3.0)
+    label(ax, 0.15, 2.75, "ALiBi: no rotation, a distance penalty per head added to the scores",
+          size=11, weight="bold")
+    t = 5
+    for h, (slope, x0) in enumerate([(0.5, 0.6), (0.0625, 4.0)]):
+        cells = [[("" if j > i else "0" if i == j else f"{-slope * (i - j):g}") for j in range(t)]
+                 for i in range(t)]
+        colors = [[MASK if j > i else ("#bfdbfe" if i == j else DATA) for j in range(t)]
+                  for i in range(t)]
+        grid(ax, x0, 2.4, cells, colors, cell=0.4, size=7)
+        label(ax, x0, 0.25, f"head {'0' if h == 0 else 'H-1'}: slope m = {slope:g}", size=8.5)
+    label(ax, 7.3, 1.8, "score(i, j) = q_i·k_j / √d\n            - m_h·(i - j)\n\n"
+          "steep heads look close by,\ngentle heads far; red = -inf\n(the causal mask)",
+          size=8.5, va="center")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def draw(names: list[str], out_dir: Path = HERE) -> list[Path]:
+    """Draw the named figures (all when empty) into ``out_dir``; return the files written."""
+    unknown = sorted(set(names) - set(FIGURES))
+    if unknown:
+        raise SystemExit(f"unknown figure(s): {', '.join(unknown)}; known: {', '.join(FIGURES)}")
+    written = []
+    for name in names or list(FIGURES):
+        fig = FIGURES[name]()
+        path = out_dir / f"{name}.svg"
+        fig.savefig(path, metadata={"Date": None, "Creator": None})
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for p in draw(sys.argv[1:]):
+        print(p.relative_to(HERE.parent.parent))

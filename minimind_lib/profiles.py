@@ -50,6 +50,7 @@ from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
+from minimind_lib.vlm import VisionSettings
 
 PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
@@ -77,6 +78,7 @@ class Profile:
     dpo: DPOSettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     seed: int = 42
+    vision: VisionSettings = field(default_factory=VisionSettings)  # the vision stage (notebook 13)
     train: RunOptions = field(default_factory=RunOptions)
     needs_minimind_data: bool = False
     overrides: tuple[str, ...] = ()  # the --set / --config values applied (``override``)
@@ -204,9 +206,10 @@ _TOP_LEVEL = ("seed", "eval_per_task")
 
 
 def _sections(profile: Profile) -> dict[str, object]:
-    """What ``override`` can change: the model, each training stage, the run options."""
+    """What ``override`` can change: the model, each training stage, the run options, the
+    vision stage's settings."""
     return {"model": profile.model, **{s: getattr(profile, s) for s in TRAINING_STAGES},
-            "train": profile.train}
+            "train": profile.train, "vision": profile.vision}
 
 
 def valid_keys(profile: Profile) -> list[str]:

@@ -43,9 +43,9 @@ COUNTS = (1, 2, 3)
 SIZES = ("small", "big")
 SIDES = ("left", "right")
 BACKGROUND = (240, 240, 240)
-IMAGE_SIZE = 48  # pixels per side
+IMAGE_SIZE = 64  # pixels per side
 GRID = 4  # the image is a GRID x GRID board of cells; a side is GRID // 2 columns of it
-RADIUS = {"small": 3.0, "big": 5.0}  # pixels; a cell is IMAGE_SIZE / GRID = 12 pixels wide
+RADIUS = {"small": 4.0, "big": 6.5}  # pixels; a cell is IMAGE_SIZE / GRID = 16 pixels wide
 #: (colour, shape) pairs kept out of training: a diagonal, so each colour loses one shape
 HELD_OUT_PAIRS = tuple((c, SHAPES[i % len(SHAPES)]) for i, c in enumerate(COLOURS))
 SPLITS = ("train", "held_out", "seen")  # seen: new images of the training pairs

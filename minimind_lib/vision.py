@@ -126,7 +126,7 @@ def to_pixels(images: np.ndarray | Tensor) -> Tensor:
     >>> to_pixels(np.full((2, 2, 3), 255, dtype=np.uint8)).shape
     torch.Size([1, 3, 2, 2])
     """
-    x = torch.as_tensor(np.asarray(images))
+    x = torch.tensor(np.asarray(images))  # a copy: PIL's arrays are read-only
     if x.dim() == 3:
         x = x[None]
     return x.permute(0, 3, 1, 2).float() / 127.5 - 1.0  # (B, 3, H, W)
@@ -344,41 +344,45 @@ def clip_batch_loss(model: nn.Module, batch: dict) -> tuple[Tensor, dict]:
 ZERO_SHOT_TARGETS = ("pair", "colour", "shape", "count", "size", "side")
 
 
-def _all_scenes() -> list[Scene]:
-    """One scene per attribute combination (positions do not enter captions)."""
+def all_scenes() -> list[Scene]:
+    """One scene per attribute combination (5 x 4 x 3 x 2 x 2 = 240; positions do not enter
+    captions): the caption templates of zero-shot classification."""
     return [Scene(c, s, n, z, side, (), ()) for c in COLOURS for s in SHAPES for n in COUNTS
             for z in SIZES for side in SIDES]
 
 
-def _label(scene: Scene, target: str) -> object:
+def label(scene: Scene, target: str) -> object:
+    """The class of ``scene`` for ``target``: its (colour, shape) pair, or one attribute."""
+    if target not in ZERO_SHOT_TARGETS:
+        raise ValueError(f"unknown zero-shot target {target!r}; targets: "
+                         f"{', '.join(ZERO_SHOT_TARGETS)}")
     return scene.pair if target == "pair" else getattr(scene, target)
 
 
 @torch.no_grad()
-def class_embeddings(clip: CLIP, tokenizer: BPETokenizer, target: str = "pair",
-                     language: str = "en") -> tuple[list[object], Tensor]:
-    """The classes of ``target`` and one unit vector each: the mean embedding of every caption
-    of that class (CLIP's prompt ensembling: "two big red circles on the left", "one small
-    red circle on the right", ... all stand for class "red circle").
-
-    >>> clip = CLIP(CLIPConfig(vision_layers=1, text_layers=1))
-    >>> from minimind_lib.tokenizer import load_tokenizer
-    >>> labels, emb = class_embeddings(clip, load_tokenizer(), "shape")
-    >>> labels, emb.shape
-    (['circle', 'square', 'triangle', 'cross'], torch.Size([4, 64]))
-    """
-    if target not in ZERO_SHOT_TARGETS:
-        raise ValueError(f"unknown zero-shot target {target!r}; targets: {', '.join(ZERO_SHOT_TARGETS)}")
-    scenes = _all_scenes()
+def caption_embeddings(clip: CLIP, tokenizer: BPETokenizer, language: str = "en") -> Tensor:
+    """Unit text embeddings (240, E) of the captions of ``all_scenes()``."""
     device = next(clip.parameters()).device
-    rows = [caption_ids(tokenizer, caption(s, language), clip.config.max_text_len) for s in scenes]
+    rows = [caption_ids(tokenizer, caption(s, language), clip.config.max_text_len)
+            for s in all_scenes()]
     ids, lengths = pad_ids(rows, tokenizer.token_to_id(END_OF_TEXT))
-    texts = clip.encode_text(ids.to(device), lengths.to(device))  # (S, E)
-    labels = list(dict.fromkeys(_label(s, target) for s in scenes))
-    members = torch.tensor([[_label(s, target) == lab for s in scenes] for lab in labels],
-                           dtype=texts.dtype, device=device)  # (K, S)
-    mean = members @ texts / members.sum(dim=1, keepdim=True)  # (K, E)
-    return labels, F.normalize(mean, dim=-1)
+    return clip.encode_text(ids.to(device), lengths.to(device))
+
+
+def class_log_probs(logits: Tensor, members: Tensor) -> Tensor:
+    """log P(class | picture) (N, K) from caption logits (N, S) and class membership (K, S):
+    the softmax over all S captions, summed over each class's captions (a class is as likely
+    as the captions that describe it; CLIP's prompt ensembling averages the class's caption
+    *embeddings* instead, which here blurs the very attributes being asked about).
+
+    >>> logits = torch.log(torch.tensor([[0.5, 0.2, 0.3]]))     # three captions
+    >>> members = torch.tensor([[True, False, False], [False, True, True]])
+    >>> class_log_probs(logits, members).exp()                 # class 1 holds captions 1, 2
+    tensor([[0.5000, 0.5000]])
+    """
+    log_p = logits.float().log_softmax(dim=-1)  # (N, S)
+    masked = log_p[:, None, :].masked_fill(~members[None], float("-inf"))  # (N, K, S)
+    return masked.logsumexp(dim=-1)  # (N, K)
 
 
 @torch.no_grad()
@@ -393,16 +397,20 @@ def encode_scenes(clip: CLIP, scenes: Sequence[Scene], batch_size: int = 256) ->
 @torch.no_grad()
 def zero_shot(clip: CLIP, tokenizer: BPETokenizer, scenes: Sequence[Scene], target: str = "pair",
               language: str = "en", images: Tensor | None = None) -> tuple[float, float]:
-    """``(accuracy, chance)`` of classifying the scenes' pictures by their nearest class
-    embedding (``class_embeddings``); chance is one over the number of classes. ``images``:
-    their embeddings, when already computed (``encode_scenes``)."""
+    """``(accuracy, chance)`` of classifying the scenes' pictures by ``class_log_probs`` over
+    every caption template; chance is one over the number of classes. ``images``: their
+    embeddings, when already computed (``encode_scenes``)."""
     was_training = clip.training
     clip.eval()
-    labels, classes = class_embeddings(clip, tokenizer, target, language)  # (K, E)
+    templates = all_scenes()
+    labels = list(dict.fromkeys(label(s, target) for s in templates))
+    members = torch.tensor([[label(s, target) == lab for s in templates] for lab in labels])
     images = encode_scenes(clip, scenes) if images is None else images  # (N, E)
-    predicted = (images @ classes.T).argmax(dim=1).tolist()  # (N,)
+    texts = caption_embeddings(clip, tokenizer, language)  # (S, E)
+    logits = clip.scale() * images @ texts.T  # (N, S)
+    predicted = class_log_probs(logits, members.to(logits.device)).argmax(dim=1).tolist()
     clip.train(was_training)
-    right = sum(labels[p] == _label(s, target) for p, s in zip(predicted, scenes, strict=True))
+    right = sum(labels[p] == label(s, target) for p, s in zip(predicted, scenes, strict=True))
     return right / len(scenes), 1 / len(labels)
 
 

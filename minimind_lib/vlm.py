@@ -31,6 +31,9 @@ outside the vocabulary): only ``splice`` consumes the slots.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -54,7 +57,15 @@ from minimind_lib.model import (
     causal_lm_loss,
     sample_next_token,
 )
-from minimind_lib.scenes import LANGUAGES, QUESTION_KINDS, answers, make_scene, questions, render
+from minimind_lib.scenes import (
+    HELD_OUT_PAIRS,
+    LANGUAGES,
+    QUESTION_KINDS,
+    answers,
+    make_scene,
+    questions,
+    render,
+)
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer, chat_parts
 from minimind_lib.train import RunOptions, TrainConfig, TrainSettings, train
 from minimind_lib.vision import (
@@ -517,6 +528,86 @@ def evaluate_vqa(vlm: VisionLanguageModel, tokenizer: BPETokenizer, seed: int, i
         out[split] = score_vqa(records, answer_questions(vlm, tokenizer, records,
                                                          progress=progress))
     return out
+
+
+def vision_eval(zero: dict, vqa: dict[str, dict[str, VQAScore]], **extra: object) -> dict:
+    """The ``vision`` stage's ``eval.json``: the four headline figures (zero-shot (colour, shape)
+    accuracy of held-out pictures with English captions, and held-out VQA exact-match, each
+    with its chance), then the details: ``zero_shot`` as ``evaluate_clip`` returns it, and
+    ``vqa`` per split and group (kind, language, kind/language)."""
+    held_out = vqa["held_out"]["all"]
+    return {"zero_shot_accuracy": zero["en"]["pair"]["held_out"],
+            "zero_shot_chance": zero["en"]["pair"]["chance"],
+            "vqa_exact_match": held_out.exact_match, "vqa_chance": held_out.chance,
+            "vqa_by_kind": {k: asdict(vqa["held_out"][k]) for k in QUESTION_KINDS},
+            "held_out_pairs": [list(p) for p in HELD_OUT_PAIRS], **extra,
+            "zero_shot": zero,
+            "vqa": {split: {k: asdict(v) for k, v in scores.items()}
+                    for split, scores in vqa.items()}}
+
+
+def vision_table(result: dict) -> str:
+    """``vision_eval``'s figures as two markdown tables: zero-shot per target, VQA per kind."""
+    zero = result["zero_shot"]
+    lines = ["zero-shot classification (held-out pairs | seen pairs | chance)", "",
+             "| target | en | zh |", "|---|---|---|"]
+    for target in ZERO_SHOT_TARGETS:
+        cells = [f"{zero[lang][target]['held_out']:.1%} / {zero[lang][target]['seen']:.1%} / "
+                 f"{zero[lang][target]['chance']:.1%}" for lang in LANGUAGES]
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    lines += ["", "VQA exact-match (greedy)", "", "| question | held-out pairs | seen pairs | "
+              "chance | n |", "|---|---|---|---|---|"]
+    for key in ("all", *QUESTION_KINDS, *LANGUAGES):
+        held, seen = result["vqa"]["held_out"][key], result["vqa"]["seen"][key]
+        lines.append(f"| {key} | {held['exact_match']:.1%} | {seen['exact_match']:.1%} | "
+                     f"{held['chance']:.1%} | {held['n']} |")
+    return "\n".join(lines)
+
+
+# --- pictures over HTTP ----------------------------------------------------------------------
+
+
+def data_url(image: np.ndarray) -> str:
+    """An RGB picture (H, W, 3) uint8 as a PNG ``data:`` URL, the form OpenAI's chat API takes
+    a local picture in (``{"type": "image_url", "image_url": {"url": ...}}``)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_from_data_url(url: str, size: int) -> np.ndarray:
+    """The picture of a ``data:image/...;base64,...`` URL as (size, size, 3) uint8 RGB, resized
+    when it is another size; anything else (a web link, broken base64, bytes that are no
+    picture) is a ``ValueError`` saying which. Links are refused: the server fetches nothing.
+
+    >>> picture = render(make_scene(0, "held_out", 0))
+    >>> bool((image_from_data_url(data_url(picture), 64) == picture).all())
+    True
+    >>> image_from_data_url("https://example.com/cat.png", 64)
+    Traceback (most recent call last):
+    ...
+    ValueError: image_url must be a data URL (data:image/png;base64,...); this server fetches no links
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    head, comma, payload = url.partition(",")
+    if not (head.startswith("data:image/") and head.endswith(";base64") and comma):
+        raise ValueError("image_url must be a data URL (data:image/png;base64,...); this server "
+                         "fetches no links")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except binascii.Error as e:
+        raise ValueError(f"image_url: the base64 data is damaged ({e})") from None
+    try:
+        with Image.open(io.BytesIO(raw)) as opened:
+            picture = opened.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"image_url: the data is not a picture ({e})") from None
+    if picture.size != (size, size):
+        picture = picture.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(picture, dtype=np.uint8)
 
 
 # --- a VLM folder --------------------------------------------------------------------------

@@ -113,6 +113,10 @@ def _smoke() -> Profile:
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
         eval_per_task=20,
+        # vision (notebook 13): seconds, not quality; the stage's smoke run uses the tiny sft model
+        vision=VisionSettings(train_images=2000, eval_images=20, vision_width=32, text_width=32,
+                              embed_dim=32, clip_steps=120, clip_batch_size=64, vlm_steps=60,
+                              vlm_batch_size=16, warmup_steps=10),
     )
 
 
@@ -131,6 +135,8 @@ def _cpu() -> Profile:
         dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
                         warmup_steps=20, eval_every=50, save_every=200),
         eval_per_task=100,
+        vision=VisionSettings(train_images=20000, eval_images=100, clip_steps=800,
+                              clip_batch_size=128, vlm_steps=400, vlm_batch_size=16),
     )
 
 
@@ -151,6 +157,9 @@ def _gpu() -> Profile:
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
                         max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
         eval_per_task=100,
+        vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
+                              vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
+                              clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
     )
 
 
@@ -171,6 +180,9 @@ def _full() -> Profile:
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
                         warmup_steps=50, eval_every=100, save_every=500),
         eval_per_task=200,
+        vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
+                              vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
+                              clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
         needs_minimind_data=True,
     )
 

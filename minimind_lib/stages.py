@@ -52,6 +52,7 @@ from minimind_lib.files import (
     MARKER_FILE,
     METRICS_FILE,
     PRETOKENIZED_META,
+    RUN_CONFIG_FILE,
     TOKENIZER_FILE,
     VLM_DIR,
     atomic_write_text,
@@ -388,8 +389,8 @@ def vision_stage(ctx: StageContext) -> dict:
     train_vlm(vlm, tokenizer, settings, out_dir=ctx.out_dir / VLM_DIR, **run)
     vlm = vlm.cpu().eval()
     save_vlm(vlm, ctx.out_dir / VLM_DIR)
-    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
-        if f.name != MARKER_FILE:
+    for f in sorted(ctx.dir("tokenizer").glob("*.json")):  # serve --model finds them
+        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):
             shutil.copyfile(f, ctx.out_dir / VLM_DIR / f.name)
     result = vision_eval(evaluate_clip(clip, tokenizer, profile.seed, settings.eval_images),
                          evaluate_vqa(vlm, tokenizer, profile.seed, settings.eval_images,

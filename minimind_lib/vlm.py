@@ -123,6 +123,9 @@ class VisionSettings:
             value = getattr(self, f.name)
             if f.type != "bool" and not value > 0:
                 raise ValueError(f"VisionSettings.{f.name} must be positive, got {value!r}")
+        if self.train_images < self.clip_batch_size:
+            raise ValueError(f"VisionSettings.train_images ({self.train_images}) must be at least "
+                             f"clip_batch_size ({self.clip_batch_size}): one batch of pictures")
         grid = self.clip_config().grid
         if grid % self.merge:
             raise ValueError(f"VisionSettings.merge ({self.merge}) must divide the patch grid "

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from minimind_lib import REPO_ROOT
 from minimind_lib.exercises import CHECKS, exercise
@@ -17,7 +18,14 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 CALL = re.compile(r"""exercise\(\s*["'](\d\d\.\d+)["']""")
 
 #: exercise id -> a plausible wrong answer (added with each exercise)
-WRONG: dict[str, object] = {}
+WRONG: dict[str, object] = {
+    # 13.1: the right shape without the permute: each "patch" is a strip of one channel's rows
+    "13.1": lambda pixels, p: pixels.reshape(pixels.shape[0], -1, pixels.shape[1] * p * p),
+    # 13.2: per row (each picture picks a caption) instead of per column
+    "13.2": lambda s: (s.argmax(dim=1) == torch.arange(len(s))).float().mean(),
+    # 13.3: every slot gets the mean of the picture's vectors
+    "13.3": lambda e, i, m: torch.where((i == -200)[..., None], m.mean(1, keepdim=True), e),
+}
 
 
 def _asked(notebook: Path) -> set[str]:

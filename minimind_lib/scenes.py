@@ -19,15 +19,16 @@ red triangles, red crosses and green/blue/yellow circles). Answering about them 
 attributes to be understood separately, not memorised as pairs.
 
 Each scene has captions in English and Chinese (``caption``) and ten questions
-(``questions``: five kinds in two languages) with one exact answer each.
+(``questions``: five kinds in two languages) with one exact answer each ("What colour are the
+shapes?" -> "red"; "图中有几个图形？" -> "2").
 
 >>> scene = make_scene(seed=0, split="train", index=0)
 >>> scene.attributes()
-('yellow', 'triangle', 1, 'big', 'left')
+('purple', 'square', 2, 'big', 'left')
 >>> caption(scene, "en"), caption(scene, "zh")
-('one big yellow triangle on the left', '左边有一个大的黄色三角形')
+('two big purple squares on the left', '左边有两个大的紫色正方形')
 >>> render(scene).shape, render(scene).dtype
-((48, 48, 3), dtype('uint8'))
+((64, 64, 3), dtype('uint8'))
 """
 
 from __future__ import annotations
@@ -194,22 +195,26 @@ def answers(kind: str, language: str) -> list[str]:
 def question(scene: Scene, kind: str, language: str = "en") -> tuple[str, str]:
     """``(question, exact answer)`` of one kind about the scene.
 
+    subtle: no question names an attribute it does not ask about ("What colour are the
+    shapes?", not "... the circles?"). Naming the shape would let a model guess the colour
+    from the words alone (training never shows a red circle, so "circle" would rule out "red"),
+    and a held-out question would test that shortcut instead of the picture.
+
     >>> s = make_scene(seed=0, split="held_out", index=3)
     >>> s.attributes()
-    ('blue', 'triangle', 2, 'big', 'right')
+    ('red', 'circle', 3, 'big', 'right')
     >>> question(s, "colour"), question(s, "count", "zh")
-    (('What colour are the triangles?', 'blue'), ('图中有几个三角形？', '2'))
+    (('What colour are the shapes?', 'red'), ('图中有几个图形？', '3'))
     """
     c, s, n, z, side = scene.attributes()
-    shapes = s if n == 1 else PLURAL[s]
-    en = {"colour": (f"What colour {'is' if n == 1 else 'are'} the {shapes}?", c),
+    en = {"colour": (f"What colour {'is the shape' if n == 1 else 'are the shapes'}?", c),
           "shape": ("What shape is in the picture?", s),
-          "count": (f"How many {PLURAL[s]} are there?", str(n)),
+          "count": ("How many shapes are there?", str(n)),
           "size": ("Are the shapes big or small?", z),
           "side": ("Are the shapes on the left or the right?", side)}
-    zh = {"colour": (f"图中的{ZH[s]}是什么颜色？", ZH[c]),
+    zh = {"colour": ("图形是什么颜色？", ZH[c]),
           "shape": ("图中是什么形状？", ZH[s]),
-          "count": (f"图中有几个{ZH[s]}？", str(n)),
+          "count": ("图中有几个图形？", str(n)),
           "size": ("图形是大还是小？", ZH[z]),
           "side": ("图形在左边还是右边？", ZH[side])}
     table = {"en": en, "zh": zh}.get(language)

@@ -19,7 +19,7 @@ Figure 3). Nothing says what a "colour" or a "circle" is: the captions do.
   model never saw as labels (only inside captions).
 
 >>> clip = CLIP(CLIPConfig(vocab_size=16, vision_layers=1, text_layers=1))
->>> pixels = torch.zeros(2, 3, 48, 48)
+>>> pixels = torch.zeros(2, 3, 64, 64)
 >>> ids, lengths = torch.tensor([[5, 0], [6, 7]]), torch.tensor([1, 2])
 >>> clip(pixels, ids, lengths).shape    # image i vs caption j, scaled cosines
 torch.Size([2, 2])

@@ -93,8 +93,8 @@ class VisionSettings:
     """The ``vision`` stage's hyper-parameters (``profile.vision``; ``--set vision.clip_steps=..``):
     the synthetic data, the tiny CLIP's size and training, the VLM's training.
 
-    >>> VisionSettings().image_tokens
-    9
+    >>> VisionSettings().image_tokens     # 64 x 64 pictures, 8 x 8 patches, 2 x 2 merged
+    16
     """
 
     train_images: int = 8000  # training pictures (scenes of the training pairs)
@@ -171,8 +171,13 @@ def encode_image_chat(tokenizer: BPETokenizer, messages: Sequence[dict], image_t
     >>> ids = encode_image_chat(tok, chat, 3, add_generation_prompt=True)
     >>> [t for t in ids if t != IMAGE_TOKEN_ID] == encode_chat(tok, chat, True)
     True
-    >>> tok.decode([t for t in ids if t >= 0][:12]).split("\\n")[2]   # the slots sit here: ^
-    '<|im_start|>user'
+    >>> print("".join("#" if t == IMAGE_TOKEN_ID else tok.decode([t]) for t in ids))
+    <|im_start|>system
+    You are a helpful assistant<|im_end|>
+    <|im_start|>user
+    ###What shape is it?<|im_end|>
+    <|im_start|>assistant
+    <BLANKLINE>
     """
     if image_turn is None:
         image_turn = next((i for i, m in enumerate(messages) if m.get("role") == "user"), -1)

@@ -24,6 +24,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 from minimind_lib.scenes import caption, make_scene, render  # noqa: E402
 from minimind_lib.vision import CLIPConfig  # noqa: E402
+from minimind_lib.vlm import VisionSettings  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PATCH = CLIPConfig().patch_size
@@ -38,8 +39,8 @@ def arrow(ax, start, end, **kw) -> None:
 def patches_figure(path: Path) -> None:
     scene = make_scene(0, "train", 3)
     image = render(scene)
-    fig = plt.figure(figsize=(11, 3.6))
-    left = fig.add_axes([0.02, 0.12, 0.25, 0.76])
+    fig = plt.figure(figsize=(11, 4.2))
+    left = fig.add_axes([0.01, 0.1, 0.3, 0.78])
     left.imshow(image)
     for k in range(1, GRID):
         left.axhline(k * PATCH - 0.5, color="k", lw=0.8)
@@ -48,25 +49,32 @@ def patches_figure(path: Path) -> None:
     left.set_yticks([])
     left.set_title(f"{image.shape[0]}x{image.shape[1]} picture, {PATCH}x{PATCH} patches\n"
                    f"\u201c{caption(scene)}\u201d", fontsize=9)
-    row = fig.add_axes([0.30, 0.38, 0.68, 0.3])
-    row.set_xlim(0, GRID * GRID)
-    row.set_ylim(0, 1)
+    shown = [0, 1, None, *range(2 * GRID, 2 * GRID + 4), *range(3 * GRID, 3 * GRID + 4), None,
+             GRID * GRID - 1]
+    row = fig.add_axes([0.34, 0.5, 0.64, 0.3])
+    row.set_xlim(0, len(shown))
+    row.set_ylim(0, 1.3)
     row.axis("off")
-    for k in range(GRID * GRID):
+    for x, k in enumerate(shown):
+        if k is None:
+            row.text(x + 0.5, 0.6, "...", ha="center", va="center", fontsize=14)
+            continue
         r, c = divmod(k, GRID)
         tile = image[r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH]
-        row.imshow(tile, extent=(k + 0.08, k + 0.92, 0.25, 0.75))
-        if k % GRID == 0:
-            row.text(k + 0.5, 0.05, str(k), ha="center", fontsize=7)
-    row.set_title(f"{GRID * GRID} tokens in reading order: each flattened to 3x{PATCH}x{PATCH} = "
-                  f"{3 * PATCH * PATCH} numbers, then a linear layer + a learned position",
-                  fontsize=9)
-    box = fig.add_axes([0.30, 0.02, 0.68, 0.22])
+        row.imshow(tile, extent=(x + 0.1, x + 0.9, 0.2, 1.0))
+        row.add_patch(Rectangle((x + 0.1, 0.2), 0.8, 0.8, fill=False, lw=0.6))
+        row.text(x + 0.5, 0.02, str(k), ha="center", fontsize=7)
+    row.set_title(f"{GRID * GRID} tokens in reading order; each one is 3x{PATCH}x{PATCH} = "
+                  f"{3 * PATCH * PATCH} numbers -> linear layer + learned position", fontsize=9)
+    box = fig.add_axes([0.34, 0.08, 0.64, 0.3])
     box.axis("off")
-    box.add_patch(Rectangle((0.05, 0.15), 0.9, 0.7, color="#dde8f7"))
-    box.text(0.5, 0.5, "encoder blocks (the course's Block, no causal mask: every patch sees "
-             "every patch)  \u2192  mean over patches  \u2192  image embedding", ha="center",
-             va="center", fontsize=9)
+    box.set_xlim(0, 1)
+    box.set_ylim(0, 1)
+    box.add_patch(Rectangle((0.0, 0.25), 1.0, 0.5, color="#dde8f7"))
+    box.text(0.5, 0.5, "encoder blocks: the course's Block without the causal mask\n"
+             "(every patch sees every patch)  ->  mean over patches  ->  image embedding",
+             ha="center", va="center", fontsize=9)
+    arrow(box, (0.5, 1.15), (0.5, 0.78))
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -76,20 +84,21 @@ def clip_figure(path: Path) -> None:
     n = len(scenes)
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     ax.set_xlim(-1.6, n)
-    ax.set_ylim(n, -1.9)
+    ax.set_ylim(n, -2.0)
     ax.axis("off")
     for i, s in enumerate(scenes):
-        ax.imshow(render(s), extent=(-1.5, -0.6, i + 0.9, i + 0.1))
+        ax.imshow(render(s), extent=(-1.45, -0.65, i + 0.9, i + 0.1))
         words = caption(s).split(" ")
-        ax.text(i + 0.5, -0.35, " ".join(words[:3]) + "\n" + " ".join(words[3:]), ha="center",
-                va="bottom", fontsize=7.5, rotation=0)
+        ax.text(i + 0.5, -0.1, "\n".join([" ".join(words[:2]), " ".join(words[2:4]),
+                                          " ".join(words[4:])]), ha="center", va="bottom",
+                fontsize=8)
         for j in range(n):
             good = i == j
             ax.add_patch(Rectangle((j + 0.05, i + 0.05), 0.9, 0.9,
                                    color="#4c9a5b" if good else "#e9e9e9"))
             ax.text(j + 0.5, i + 0.5, "match" if good else "", ha="center", va="center",
                     color="white", fontsize=8)
-    ax.text(n / 2, -1.5, "captions (text encoder)", ha="center", fontsize=10)
+    ax.text(n / 2, -1.6, "captions (text encoder)", ha="center", fontsize=10)
     ax.text(-1.05, n - 0.0 + 0.45, "pictures\n(image encoder)", ha="center", fontsize=9)
     ax.set_title("cell (i, j) = exp(t) \u00b7 cos(image i, caption j); the loss is cross-entropy "
                  "along every row AND every column,\nwith the right answer on the diagonal "
@@ -104,6 +113,7 @@ def vlm_figure(path: Path) -> None:
              ("What colour is the circle?<|im_end|>", "#eeeeee", 3.2),
              ("<|im_start|>assistant\\n", "#eeeeee", 2.0), ("red<|im_end|>", "#9fd3a4", 1.4)]
     fig, ax = plt.subplots(figsize=(12, 4.4))
+    ax.set_aspect("equal")
     ax.set_xlim(0, 14.5)
     ax.set_ylim(0, 4.6)
     ax.axis("off")
@@ -117,19 +127,23 @@ def vlm_figure(path: Path) -> None:
     ax.text(0.1, 0.15, "the prompt's ids: text encoded as text (never parsed for markers); the "
             "slots put in by position, so no typed text can make one", fontsize=8.5)
     ax.text(12.9, 1.45, "loss here only", ha="center", fontsize=8, color="#2e7d32")
-    ax.imshow(render(make_scene(0, "held_out", 0)), extent=(slots - 0.55, slots + 0.55, 4.4, 3.3))
-    for y, label, colour in ((2.85, "frozen image encoder (the tiny CLIP's ViT): 36 patch "
-                              "features", "#dde8f7"),
-                             (2.05, "projector: 2x2 patches merged -> MLP -> 9 vectors of the "
-                              "LM's width", "#f3c98b")):
-        ax.add_patch(Rectangle((slots - 3.2, y - 0.28), 6.4, 0.5, color=colour))
+    red_circle = next(sc for sc in (make_scene(0, "held_out", i) for i in range(100))
+                      if sc.pair == ("red", "circle") and sc.count == 1)
+    ax.imshow(render(red_circle), extent=(slots - 0.5, slots + 0.5, 4.35, 3.35))
+    tokens = VisionSettings().image_tokens
+    for y, label, colour in ((2.85, f"frozen image encoder (the tiny CLIP's ViT): {GRID * GRID} "
+                              "patch features", "#dde8f7"),
+                             (2.05, f"projector: 2x2 patches merged -> MLP -> {tokens} vectors "
+                              "of the LM's width", "#f3c98b")):
+        ax.add_patch(Rectangle((slots - 3.6, y - 0.28), 7.2, 0.5, color=colour))
         ax.text(slots, y, label, ha="center", va="center", fontsize=8.5)
     arrow(ax, (slots, 3.3), (slots, 3.1))
     arrow(ax, (slots, 2.57), (slots, 2.33))
     arrow(ax, (slots, 1.77), (slots, 1.25))
-    ax.text(slots + 3.4, 2.05, "trained", fontsize=8, va="center")
-    ax.text(slots + 3.4, 2.85, "frozen", fontsize=8, va="center")
-    ax.set_title("MiniMind-V style: the picture becomes 9 extra 'words' the chat model reads",
+    ax.text(slots + 3.7, 2.05, "trained", fontsize=8, va="center", color="#a05a00")
+    ax.text(slots + 3.7, 2.85, "frozen", fontsize=8, va="center", color="#2a5599")
+    ax.set_title(f"MiniMind-V style: the picture becomes {tokens} extra 'words' the chat model "
+                 "reads",
                  fontsize=10)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)

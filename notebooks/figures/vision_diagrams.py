@@ -110,7 +110,7 @@ def clip_figure(path: Path) -> None:
 def vlm_figure(path: Path) -> None:
     parts = [("<|im_start|>system ... <|im_end|>", "#eeeeee", 3.2),
              ("<|im_start|>user\\n", "#eeeeee", 1.8), ("image slots (id -200)", "#f3c98b", 2.6),
-             ("What colour is the circle?<|im_end|>", "#eeeeee", 3.2),
+             ("What colour is the shape?<|im_end|>", "#eeeeee", 3.2),
              ("<|im_start|>assistant\\n", "#eeeeee", 2.0), ("red<|im_end|>", "#9fd3a4", 1.4)]
     fig, ax = plt.subplots(figsize=(12, 4.4))
     ax.set_aspect("equal")
@@ -128,7 +128,7 @@ def vlm_figure(path: Path) -> None:
             "slots put in by position, so no typed text can make one", fontsize=8.5)
     ax.text(12.9, 1.45, "loss here only", ha="center", fontsize=8, color="#2e7d32")
     red_circle = next(sc for sc in (make_scene(0, "held_out", i) for i in range(100))
-                      if sc.pair == ("red", "circle") and sc.count == 1)
+                      if sc.pair == ("red", "circle") and sc.count == 1 and sc.size == "big")
     ax.imshow(render(red_circle), extent=(slots - 0.5, slots + 0.5, 4.35, 3.35))
     tokens = VisionSettings().image_tokens
     for y, label, colour in ((2.85, f"frozen image encoder (the tiny CLIP's ViT): {GRID * GRID} "

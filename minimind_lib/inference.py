@@ -144,7 +144,8 @@ class TextStream:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         ids = torch.tensor([self.prompt_ids], device=device)  # (1, T)
         self.model.eval()
-        picture = {} if self.pixel_values is None else {"pixel_values": self.pixel_values.to(device)}
+        picture = ({} if self.pixel_values is None
+                   else {"pixel_values": self.pixel_values.to(device)})
         steps = self.model.stream(ids, p.max_new_tokens, p.temperature, p.top_k, p.top_p,
                                   generator=generator, **picture)
         self.finish_reason = "length"
@@ -287,7 +288,8 @@ def load_for_serving(model_dir: str | os.PathLike,
     """Model (fp32 or int8 folder, or a VLM folder: ``vlm.load_vlm``) and tokenizer of
     ``model_dir``, ready to generate."""
     device = device or pick_device()
-    model = load_vlm(model_dir, device) if is_vlm_folder(model_dir) else load_model(model_dir, device)
+    load = load_vlm if is_vlm_folder(model_dir) else load_model
+    model = load(model_dir, device)
     tokenizer = find_tokenizer(model_dir)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model "

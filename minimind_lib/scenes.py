@@ -125,7 +125,8 @@ def make_scene(seed: int, split: str, index: int) -> Scene:
     return Scene(colour, shape, count, size, side, cells, offsets)
 
 
-def shape_mask(shape: str, cx: float, cy: float, radius: float, size: int = IMAGE_SIZE) -> np.ndarray:
+def shape_mask(shape: str, cx: float, cy: float, radius: float,
+               size: int = IMAGE_SIZE) -> np.ndarray:
     """Boolean (size, size) mask of one shape centred at (cx, cy) pixels (x right, y down),
     tested at each pixel's centre.
 

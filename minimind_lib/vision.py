@@ -86,7 +86,8 @@ class CLIPConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name) <= 0:
-                raise ValueError(f"CLIPConfig.{f.name} must be positive, got {getattr(self, f.name)}")
+                raise ValueError(f"CLIPConfig.{f.name} must be positive, got "
+                                 f"{getattr(self, f.name)}")
         if self.image_size % self.patch_size:
             raise ValueError(f"CLIPConfig.image_size ({self.image_size}) must be a multiple of "
                              f"patch_size ({self.patch_size})")
@@ -233,7 +234,8 @@ def clip_loss(similarity: Tensor) -> Tensor:
     True
     """
     if similarity.dim() != 2 or similarity.shape[0] != similarity.shape[1]:
-        raise ValueError(f"similarity must be a square (N, N) matrix, got {tuple(similarity.shape)}")
+        raise ValueError(f"similarity must be a square (N, N) matrix, got "
+                         f"{tuple(similarity.shape)}")
     targets = torch.arange(similarity.shape[0], device=similarity.device)  # (N,) the diagonal
     by_image = F.cross_entropy(similarity.float(), targets)
     by_caption = F.cross_entropy(similarity.float().T, targets)
@@ -421,7 +423,8 @@ def save_clip(clip: CLIP, directory: str | Path) -> Path:
     """``directory/clip_config.json`` + ``model.safetensors`` (each written atomically)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(directory / CLIP_CONFIG_FILE, json.dumps(asdict(clip.config), indent=2) + "\n")
+    config = json.dumps(asdict(clip.config), indent=2) + "\n"
+    atomic_write_text(directory / CLIP_CONFIG_FILE, config)
     save_weights(clip, directory / WEIGHTS_FILE)
     return directory
 

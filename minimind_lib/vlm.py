@@ -53,6 +53,7 @@ from minimind_lib.files import VISION_CONFIG_FILE, VISION_FILE, atomic_write_tex
 from minimind_lib.model import (
     IGNORE_INDEX,
     CausalLMOutput,
+    MiniMindConfig,
     MiniMindForCausalLM,
     causal_lm_loss,
     sample_next_token,
@@ -159,7 +160,8 @@ class VisionSettings:
 
 
 def encode_image_chat(tokenizer: BPETokenizer, messages: Sequence[dict], image_tokens: int,
-                      add_generation_prompt: bool = False, image_turn: int | None = None) -> list[int]:
+                      add_generation_prompt: bool = False,
+                      image_turn: int | None = None) -> list[int]:
     """``tokenizer.encode_chat`` with ``image_tokens`` slots (``IMAGE_TOKEN_ID``) opening the
     content of message ``image_turn`` (default: the first user message), right after its
     ``<|im_start|>user\\n``. Roles are special ids and contents are never parsed for special
@@ -276,14 +278,15 @@ class VisionLanguageModel(nn.Module):
     spliced into the slots (no slots, no picture: the plain LM). ``config`` is the LM's.
     """
 
-    def __init__(self, lm: MiniMindForCausalLM, encoder: ImageEncoder, projector: Projector) -> None:
+    def __init__(self, lm: MiniMindForCausalLM, encoder: ImageEncoder,
+                 projector: Projector) -> None:
         super().__init__()
         self.lm, self.encoder, self.projector = lm, encoder, projector
         self.encoder.requires_grad_(False)  # frozen, as in MiniMind-V
         self.encoder.eval()
 
     @property
-    def config(self):
+    def config(self) -> MiniMindConfig:
         return self.lm.config
 
     @property
@@ -333,16 +336,16 @@ class VisionLanguageModel(nn.Module):
     @torch.no_grad()
     def stream(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None,
-               eos_token_id: int | None = None, use_cache: bool = True,
-               generator: torch.Generator | None = None, *,
+               eos_token_id: int | None = None, generator: torch.Generator | None = None, *,
                pixel_values: Tensor | None = None) -> Iterable[Tensor]:
         """``MiniMindForCausalLM.stream`` for a prompt with a picture: the first step reads the
-        spliced sequence, later steps one token each through the KV cache (``use_cache`` is
-        always on: the picture is in the cache, not in the ids)."""
+        spliced sequence, later steps one token each through the KV cache (always: the picture
+        is in the cache, not in the ids)."""
         lm = self.lm
         if input_ids.shape[1] + max_new_tokens > lm.config.max_position_embeddings:
             raise ValueError(f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
-                             f"exceeds max_position_embeddings ({lm.config.max_position_embeddings})")
+                             f"exceeds max_position_embeddings "
+                             f"({lm.config.max_position_embeddings})")
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         hidden, cache = lm.model(None, inputs_embeds=self.embed(input_ids, pixel_values))
         for step in range(max_new_tokens):
@@ -483,7 +486,8 @@ def score_vqa(records: Sequence[dict], replies: Sequence[Answer]) -> dict[str, V
 def train_clip(clip: CLIP, tokenizer: BPETokenizer, settings: VisionSettings, *, seed: int,
                options: RunOptions | None = None, out_dir: str | Path | None = None,
                resume: bool = False, precision: str = "auto", device: str | None = None,
-               progress: bool = True, callbacks: Iterable[Callable[[dict], None]] = ()) -> list[dict]:
+               progress: bool = True,
+               callbacks: Iterable[Callable[[dict], None]] = ()) -> list[dict]:
     """Train the tiny CLIP on ``settings.train_images`` captioned pictures; the metrics rows."""
     data = CaptionDataset(tokenizer, settings.train_images, seed=seed,
                           max_text_len=clip.config.max_text_len)
@@ -497,7 +501,8 @@ def train_clip(clip: CLIP, tokenizer: BPETokenizer, settings: VisionSettings, *,
 def train_vlm(vlm: VisionLanguageModel, tokenizer: BPETokenizer, settings: VisionSettings, *,
               seed: int, options: RunOptions | None = None, out_dir: str | Path | None = None,
               resume: bool = False, precision: str = "auto", device: str | None = None,
-              progress: bool = True, callbacks: Iterable[Callable[[dict], None]] = ()) -> list[dict]:
+              progress: bool = True,
+              callbacks: Iterable[Callable[[dict], None]] = ()) -> list[dict]:
     """Train the projector (and the LM, when ``settings.train_lm``) on questions about the
     training pictures, answer-only; the encoder stays frozen. The metrics rows."""
     vlm.lm.requires_grad_(settings.train_lm)
@@ -596,7 +601,7 @@ def image_from_data_url(url: str, size: int) -> np.ndarray:
     >>> image_from_data_url("https://example.com/cat.png", 64)
     Traceback (most recent call last):
     ...
-    ValueError: image_url must be a data URL (data:image/png;base64,...); this server fetches no links
+    ValueError: image_url must be a data URL (data:image/png;base64,...); this server fetches ...
     """
     from PIL import Image, UnidentifiedImageError
 

@@ -349,7 +349,8 @@ def test_training_moves_the_projector_not_the_frozen_encoder(tokenizer):
     assert len(rows) == 2 and not vlm.encoder.training
     assert all(torch.equal(v, encoder_before[k]) for k, v in vlm.encoder.state_dict().items())
     assert all(torch.equal(v, lm_before[k]) for k, v in vlm.lm.state_dict().items())
-    assert not all(torch.equal(v, projector_before[k]) for k, v in vlm.projector.state_dict().items())
+    assert not all(torch.equal(v, projector_before[k])
+                   for k, v in vlm.projector.state_dict().items())
 
 
 def test_vlm_folder_round_trip(tmp_path, tokenizer):
@@ -497,4 +498,5 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     vlm = load_vlm(out / "vlm")
     assert vlm.lm.config.hidden_size == 64  # the smoke sft model, with eyes
     assert (out / "vlm" / "tokenizer.json").is_file()
-    assert json.loads((out / MARKER_FILE).read_text())["summary"]["vqa_chance"] == result["vqa_chance"]
+    summary = json.loads((out / MARKER_FILE).read_text())["summary"]
+    assert summary["vqa_chance"] == result["vqa_chance"]

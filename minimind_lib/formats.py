@@ -3,14 +3,8 @@
 fp32, fp16 and bf16 casts, our int8 (``minimind_lib.quantize``) and PyTorch's dynamic int8,
 each measured on the same prompt (prefill and decode speed, median of rounds run round robin so
 background load hits every format alike) and scored by the same held-out evaluation
-(``minimind_lib.evaluate``): the table the MiniMind manual gives, measured on your machine.
-
->>> print(formats_table([FormatRow("fp32", 4_000_000, 1000.0, 50.0, {"exact_match": 0.25}),
-...                      FormatRow("int8", 1_000_000, 900.0, 40.0, {"exact_match": 0.25})]))
-| format | size (MB) | size vs fp32 | prefill tok/s | decode tok/s | exact-match |
-|---|---|---|---|---|---|
-| fp32 | 4.00 | 1.00x | 1,000 | 50.0 | 25.0% |
-| int8 | 1.00 | 0.25x | 900 | 40.0 | 25.0% |
+(``minimind_lib.evaluate``): the table the MiniMind manual gives, measured on your machine
+(``measure_formats`` measures, ``formats_table`` prints).
 """
 
 from __future__ import annotations

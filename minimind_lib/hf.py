@@ -335,6 +335,9 @@ _NOT_WEIGHTS = ("rotary_emb.inv_freq", "freqs_cos", "freqs_sin")
 _HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "intermediate_size", "max_position_embeddings",
                    "rms_norm_eps", "tie_word_embeddings")
+#: MiniMind's MoE fields (its ``model_type: minimind`` config.json uses the same names as ours)
+_MOE_KEYS = ("use_moe", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+             "scoring_func", "aux_loss_alpha", "seq_aux", "norm_topk_prob")
 
 
 def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForCausalLM:
@@ -345,9 +348,10 @@ def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForC
       ``LlamaForCausalLM.save_pretrained``) or MiniMind's own ``model_type: minimind`` format,
       both with Llama's parameter names: ``config.json`` + ``model.safetensors`` (or
       ``pytorch_model.bin``);
-    * a MiniMind ``.pth`` state dict (fp16, Llama names), its config inferred from the tensor
-      shapes, with MiniMind's defaults for what shapes cannot say (``MINIMIND_DEFAULTS``;
-      pass e.g. ``num_attention_heads=16`` to differ);
+    * a MiniMind ``.pth`` state dict (fp16, Llama names; dense or MoE), its config inferred
+      from the tensor shapes, with MiniMind's defaults for what shapes cannot say
+      (``MINIMIND_DEFAULTS``; pass e.g. ``num_attention_heads=16`` or ``num_experts_per_tok=1``
+      to differ);
     * a Hub repo id such as ``jingyaogong/MiniMind2-Small`` (fetched by ``download``, offline
       from the hub cache with ``HF_HUB_OFFLINE=1``).
 
@@ -401,13 +405,10 @@ def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
     if hf.get("model_type") not in ("llama", "minimind"):
         raise ValueError(f"{folder / CONFIG_FILE}: model_type {hf.get('model_type')!r} is not "
                          "a Llama-style model MiniMind can load (llama, minimind)")
-    if hf.get("use_moe"):
-        raise ValueError(f"{folder / CONFIG_FILE}: MiniMind's MoE models are not supported by "
-                         "load_pretrained")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ValueError(f"{folder / CONFIG_FILE}: scaled RoPE {rope} is not supported")
-    fields_ = {k: hf[k] for k in _HF_CONFIG_KEYS if hf.get(k) is not None}
+    fields_ = {k: hf[k] for k in _HF_CONFIG_KEYS + _MOE_KEYS if hf.get(k) is not None}
     fields_["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 1e4)))
     weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()]
     if not weights:
@@ -423,10 +424,12 @@ def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
         layers = 1 + max(int(k.split(".")[2]) for k in tensors if k.startswith("model.layers."))
         q_out = tensors["model.layers.0.self_attn.q_proj.weight"].shape[0]
         k_out = tensors["model.layers.0.self_attn.k_proj.weight"].shape[0]
-        inter = tensors["model.layers.0.mlp.gate_proj.weight"].shape[0]
+        moe = _moe_fields(tensors)
+        inter = tensors["model.layers.0.mlp." + ("experts.0." if moe else "")
+                        + "gate_proj.weight"].shape[0]
     except (KeyError, ValueError) as e:
         raise ValueError(f"{source}: not a MiniMind / Llama state dict (missing {e})") from None
-    values = {**MINIMIND_DEFAULTS, **overrides}
+    values = {**MINIMIND_DEFAULTS, **moe, **overrides}
     head_dim = q_out // values["num_attention_heads"]
     tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"],
                                                          tensors["model.embed_tokens.weight"])
@@ -434,6 +437,20 @@ def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
                             num_key_value_heads=k_out // head_dim, intermediate_size=inter,
                             tie_word_embeddings=tied, **values)
     return _build(config, tensors, source)
+
+
+def _moe_fields(tensors: dict[str, torch.Tensor]) -> dict[str, object]:
+    """A MiniMind MoE state dict (``mlp.gate`` + ``mlp.experts.N``) -> its config fields; the
+    top-k is not in the tensors (MiniMind's default 2 unless given)."""
+    prefix = "model.layers.0.mlp."
+    if prefix + "gate.weight" not in tensors:
+        return {}
+
+    def count(group: str) -> int:
+        return len({k.split(".")[5] for k in tensors if k.startswith(prefix + group + ".")})
+
+    return {"use_moe": True, "n_routed_experts": tensors[prefix + "gate.weight"].shape[0],
+            "n_shared_experts": count("shared_experts")}
 
 
 def _build(config: MiniMindConfig, tensors: dict[str, torch.Tensor],

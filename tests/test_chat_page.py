@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-import torch
+from tiny import noisy
 
 from minimind_lib.inference import SamplingParams, complete, stop_ids
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
@@ -45,16 +45,10 @@ class CountingSlowModel(MiniMindForCausalLM):
 def model():
     """Untrained, with large weights: greedy answers differ from prompt to prompt and almost
     never end early, so a long answer can be stopped halfway."""
-    torch.manual_seed(0)
-    m = CountingSlowModel(MiniMindConfig(hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1,
-                                         max_position_embeddings=CONTEXT,
-                                         tie_word_embeddings=False)).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
-    return m
+    config = MiniMindConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            num_key_value_heads=1, max_position_embeddings=CONTEXT,
+                            tie_word_embeddings=False)
+    return noisy(CountingSlowModel(config))
 
 
 @pytest.fixture(scope="module")

@@ -297,3 +297,19 @@ def test_checkpointing_keeps_the_moe_load_balancing_gradient():
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters(),
                                                            strict=True))
     assert model.model.layers[0].mlp.gate.weight.grad.abs().sum() > 0
+
+
+def test_load_pretrained_minimind_moe_pth(tmp_path):
+    """MiniMind's MoE .pth (its parameter names: mlp.gate, mlp.experts.N, mlp.shared_experts.N):
+    the experts are counted from the tensors and the logits equal the original's."""
+    from minimind_lib.hf import load_pretrained
+
+    config = replace(TINY, use_moe=True, n_routed_experts=3, n_shared_experts=1)
+    torch.manual_seed(0)
+    ours = MiniMindForCausalLM(config).eval()
+    torch.save(ours.state_dict(), tmp_path / "full_sft_64_moe.pth")
+    loaded = load_pretrained(tmp_path / "full_sft_64_moe.pth")
+    assert loaded.config == config
+    ids = torch.randint(0, config.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, ours(ids).logits, rtol=0, atol=0)

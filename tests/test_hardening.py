@@ -19,6 +19,7 @@ import warnings
 import httpx
 import pytest
 import torch
+from tiny import noisy
 from torch.utils.data import Dataset
 
 from minimind_lib import serve
@@ -45,16 +46,10 @@ def tok():
 @pytest.fixture(scope="module")
 def model(tok):
     """Untrained, with large random weights: greedy answers differ from prompt to prompt."""
-    torch.manual_seed(0)
     config = MiniMindConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
                             num_attention_heads=2, num_key_value_heads=1,
                             max_position_embeddings=CONTEXT, tie_word_embeddings=False)
-    m = MiniMindForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
-    return m
+    return noisy(MiniMindForCausalLM(config))
 
 
 @pytest.fixture(scope="module")

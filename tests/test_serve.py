@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 import torch
+from tiny import noisy
 
 from minimind_lib.checkpoint import save_model
 from minimind_lib.inference import ChatSession, SamplingParams, TextStream, chat_loop, complete
@@ -37,16 +38,10 @@ def model(tok):
     """An untrained model with large untied random weights: its greedy answers differ from
     prompt to prompt (a trained-looking model is not needed to test serving, and a model that
     always says the same thing could not reveal answers mixed up between requests)."""
-    torch.manual_seed(0)
     config = MiniMindConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
                             num_attention_heads=2, num_key_value_heads=1,
                             max_position_embeddings=CONTEXT, tie_word_embeddings=False)
-    m = MiniMindForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
-    return m
+    return noisy(MiniMindForCausalLM(config))
 
 
 @pytest.fixture(scope="module")

@@ -583,3 +583,55 @@ def _yarn_band(answer: Callable) -> None:
         assert 0 <= low and high <= d // 2 - 1, f"{where}: clamp to 0 <= low, high <= d/2 - 1"
         assert (ramp[:low + 1] == 0).all() and (ramp[high:] == 1).all(), f"{where}: ({low}, {high})"
         assert ((ramp[low + 1:high] > 0) & (ramp[low + 1:high] < 1)).all(), where
+# --- notebook 13: vision ------------------------------------------------------------------
+
+
+@check("13.1")
+def _patchify(answer):
+    """``answer(pixels, p)`` cuts (B, C, H, W) into (B, N, C*p*p) row-major patches."""
+    import torch
+
+    from minimind_lib.vision import patchify
+
+    pixels = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
+    for p in (2, 4):
+        got, want = answer(pixels, p), patchify(pixels, p)
+        assert tuple(got.shape) == tuple(want.shape), \
+            f"patch size {p}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        assert torch.equal(got, want), (f"patch size {p}: the shape is right but the numbers "
+                                        "are not: each patch must hold its own p x p pixels of "
+                                        "every channel (permute before the last reshape)")
+
+
+@check("13.2")
+def _caption_retrieval(answer):
+    """``answer(similarity)``: the share of captions (columns) whose best picture is their own."""
+    import torch
+
+    similarity = torch.tensor([[5.0, 1.0, 0.0], [4.0, 3.0, 0.0], [0.0, 2.0, 1.0]])
+    # by column: caption 0 -> picture 0 (right), caption 1 -> picture 1 (right), caption 2 ->
+    # picture 2 (right); by row, picture 1 would pick caption 0 (wrong)
+    got = float(answer(similarity))
+    assert abs(got - 1.0) < 1e-6, (f"got {got}; read each column (a caption) and ask which "
+                                    "picture (row) scores highest")
+    shuffled = similarity[:, [1, 0, 2]]
+    got = float(answer(shuffled))
+    assert abs(got - 1 / 3) < 1e-6, f"with captions 0 and 1 swapped: got {got}, expected 1/3"
+
+
+@check("13.3")
+def _splice(answer):
+    """``answer(embeds, input_ids, image_embeds)`` = ``vlm.splice``."""
+    import torch
+
+    from minimind_lib.vlm import IMAGE_TOKEN_ID, splice
+
+    g = torch.Generator().manual_seed(0)
+    slot = IMAGE_TOKEN_ID
+    ids = torch.tensor([[1, slot, slot, slot, 5, 6], [slot, slot, slot, 7, 8, 9]])
+    embeds = torch.randn(2, 6, 4, generator=g)
+    images = torch.randn(2, 3, 4, generator=g)
+    got = answer(embeds.clone(), ids, images)
+    assert torch.equal(got, splice(embeds, ids, images)), (
+        "row b's slots must hold image_embeds[b] in order, and every other position keep "
+        "its token embedding")

@@ -27,6 +27,13 @@ CONFIG_FILE = "config.json"  # the MiniMindConfig fields as one flat json object
 QUANT_FILE = "quantization.json"  # present in int8 folders: the format and the int8 groups
 TOKENIZER_FILE = "tokenizer.json"  # HF tokenizer.json
 
+# --- the vision stage's folders (``vision.save_clip``, ``vlm.save_vlm``) -----------------------
+CLIP_DIR = "clip"  # <out>/vision/clip/: the tiny CLIP (a CLIP folder)
+VLM_DIR = "vlm"  # <out>/vision/vlm/: the vision-language model (a VLM folder)
+CLIP_CONFIG_FILE = "clip_config.json"  # a CLIP folder: the CLIPConfig (+ model.safetensors)
+VISION_FILE = "vision.safetensors"  # a VLM folder: image encoder + projector weights
+VISION_CONFIG_FILE = "vision.json"  # a VLM folder: their config (+ the LM's own files)
+
 # --- a training run (``train.train``) -------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"  # one json object per optimizer step
 CHECKPOINTS_DIR = "checkpoints"  # step_NNNNNNN/ folders and the ``latest`` pointer

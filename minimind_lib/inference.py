@@ -44,6 +44,7 @@ from minimind_lib.tokenizer import (
     load_tokenizer,
     text_problem,
 )
+from minimind_lib.vlm import is_vlm_folder, load_vlm
 
 STOP_TOKENS = (IM_END, END_OF_TEXT)  # a chat reply ends at either
 #: Seeds go to a ``torch.Generator``; the CPU one (a 32-bit Mersenne Twister) keeps only the low
@@ -118,7 +119,8 @@ class TextStream:
 
     def __init__(self, model: nn.Module, tokenizer: BPETokenizer, prompt_ids: Sequence[int],
                  params: SamplingParams, stop: set[int] | None = None,
-                 cancelled: Callable[[], bool] = lambda: False) -> None:
+                 cancelled: Callable[[], bool] = lambda: False,
+                 pixel_values: torch.Tensor | None = None) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt is empty (no tokens)")
         total, limit = len(prompt_ids) + params.max_new_tokens, context_length(model)
@@ -130,6 +132,7 @@ class TextStream:
         self.prompt_ids = list(prompt_ids)
         self.stop = stop_ids(tokenizer) if stop is None else stop
         self.cancelled = cancelled
+        self.pixel_values = pixel_values  # a VLM's picture (vlm.VisionLanguageModel.stream)
         self.text, self.completion_tokens, self.finish_reason = "", 0, None
 
     def __iter__(self) -> Iterator[str]:
@@ -141,8 +144,10 @@ class TextStream:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         ids = torch.tensor([self.prompt_ids], device=device)  # (1, T)
         self.model.eval()
+        picture = ({} if self.pixel_values is None
+                   else {"pixel_values": self.pixel_values.to(device)})
         steps = self.model.stream(ids, p.max_new_tokens, p.temperature, p.top_k, p.top_p,
-                                  generator=generator)
+                                  generator=generator, **picture)
         self.finish_reason = "length"
         try:
             for token in steps:  # (1,)
@@ -280,8 +285,11 @@ def find_tokenizer(model_dir: str | os.PathLike) -> BPETokenizer:
 
 def load_for_serving(model_dir: str | os.PathLike,
                      device: str | torch.device | None = None) -> tuple[nn.Module, BPETokenizer]:
-    """Model (fp32 or int8 folder) and tokenizer of ``model_dir``, ready to generate."""
-    model = load_model(model_dir, device or pick_device())
+    """Model (fp32 or int8 folder, or a VLM folder: ``vlm.load_vlm``) and tokenizer of
+    ``model_dir``, ready to generate."""
+    device = device or pick_device()
+    load = load_vlm if is_vlm_folder(model_dir) else load_model
+    model = load(model_dir, device)
     tokenizer = find_tokenizer(model_dir)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model "

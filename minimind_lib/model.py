@@ -755,20 +755,29 @@ class MiniMindModel(nn.Module):
         self.gradient_checkpointing = False  # see MiniMindForCausalLM.gradient_checkpointing_enable
 
     def forward(
-        self, input_ids: Tensor, past_key_values: list[LayerCache] | None = None
+        self, input_ids: Tensor | None, past_key_values: list[LayerCache] | None = None,
+        inputs_embeds: Tensor | None = None,
     ) -> tuple[Tensor, list[LayerCache]]:
-        """``input_ids`` (B, T) → final hidden states (B, T, C) and the extended KV cache."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        """``input_ids`` (B, T) → final hidden states (B, T, C) and the extended KV cache.
+
+        ``inputs_embeds`` (B, T, C), given instead of ``input_ids`` (then None), replaces the
+        token embeddings: a vision-language model's sequence with the image spliced in
+        (``minimind_lib.vlm``, notebook 13; Hugging Face's name)."""
+        given = input_ids if inputs_embeds is None else inputs_embeds
+        if given.dim() != (2 if inputs_embeds is None else 3):
+            name = "input_ids must be (batch, seq_len)" if inputs_embeds is None else \
+                "inputs_embeds must be (batch, seq_len, hidden)"
+            raise ValueError(f"{name}, got shape {tuple(given.shape)}")
         if past_key_values is not None and len(past_key_values) != len(self.layers):
             raise ValueError(f"past_key_values has {len(past_key_values)} layers, "
                              f"the model has {len(self.layers)}")
         start = past_key_values[0][0].shape[2] if past_key_values else 0
-        end = start + input_ids.shape[1]
-        self._check_inputs(input_ids, end)
+        end = start + given.shape[1]
+        self._check_inputs(input_ids if inputs_embeds is None else None, end)
         cos, sin = (self.rope_cos[start:end], self.rope_sin[start:end]) if self.use_rope else (
             None, None)  # (T, D) each
-        x = self.dropout(self.embed_tokens(input_ids))  # (B, T, C)
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
+        x = self.dropout(x)
         caches = []
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
@@ -781,9 +790,10 @@ class MiniMindModel(nn.Module):
             caches.append(cache)
         return self.norm(x), caches
 
-    def _check_inputs(self, input_ids: Tensor, end: int) -> None:
+    def _check_inputs(self, input_ids: Tensor | None, end: int) -> None:
         vocab, max_pos = self.config.vocab_size, self.config.max_position_embeddings
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= vocab):
+        if input_ids is not None and input_ids.numel() and (input_ids.min() < 0
+                                                         or input_ids.max() >= vocab):
             bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab}) "
                              f"(MiniMindConfig.vocab_size={vocab})")

@@ -50,6 +50,7 @@ from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
+from minimind_lib.vlm import VisionSettings
 
 PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
@@ -77,6 +78,7 @@ class Profile:
     dpo: DPOSettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     seed: int = 42
+    vision: VisionSettings = field(default_factory=VisionSettings)  # the vision stage (notebook 13)
     train: RunOptions = field(default_factory=RunOptions)
     needs_minimind_data: bool = False
     overrides: tuple[str, ...] = ()  # the --set / --config values applied (``override``)
@@ -111,6 +113,11 @@ def _smoke() -> Profile:
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
         eval_per_task=20,
+        # vision (notebook 13): seconds, not quality. Measured on the smoke sft model: 60 VLM
+        # steps at lr 1e-3 left it babbling (VQA 2%); 150 at 3e-3 answer in format (~chance)
+        vision=VisionSettings(train_images=2000, eval_images=20, vision_width=32, text_width=32,
+                              embed_dim=32, clip_steps=120, clip_batch_size=64, vlm_steps=150,
+                              vlm_learning_rate=3e-3, vlm_batch_size=16, warmup_steps=10),
     )
 
 
@@ -129,6 +136,8 @@ def _cpu() -> Profile:
         dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
                         warmup_steps=20, eval_every=50, save_every=200),
         eval_per_task=100,
+        vision=VisionSettings(train_images=20000, eval_images=100, clip_steps=800,
+                              clip_batch_size=128, vlm_steps=400, vlm_batch_size=16),
     )
 
 
@@ -149,6 +158,9 @@ def _gpu() -> Profile:
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
                         max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
         eval_per_task=100,
+        vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
+                              vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
+                              clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
     )
 
 
@@ -169,6 +181,9 @@ def _full() -> Profile:
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
                         warmup_steps=50, eval_every=100, save_every=500),
         eval_per_task=200,
+        vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
+                              vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
+                              clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
         needs_minimind_data=True,
     )
 
@@ -204,9 +219,10 @@ _TOP_LEVEL = ("seed", "eval_per_task")
 
 
 def _sections(profile: Profile) -> dict[str, object]:
-    """What ``override`` can change: the model, each training stage, the run options."""
+    """What ``override`` can change: the model, each training stage, the run options, the
+    vision stage's settings."""
     return {"model": profile.model, **{s: getattr(profile, s) for s in TRAINING_STAGES},
-            "train": profile.train}
+            "train": profile.train, "vision": profile.vision}
 
 
 def valid_keys(profile: Profile) -> list[str]:

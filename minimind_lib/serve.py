@@ -7,6 +7,11 @@ can talk to it, and ``GET /``: a chat page (``static/chat.html``, plain HTML and
 streams from ``/v1/chat/completions``; nothing loaded from elsewhere, so it works offline). The
 text comes from ``minimind_lib.inference.TextStream``, the same stream the terminal chat uses.
 
+Pictures: when the model is a vision-language model (``minimind_lib.vlm``, a ``vision/vlm``
+folder: notebook 13), a user message may hold one OpenAI ``image_url`` part whose URL is a
+``data:image/...;base64,...`` URL; the picture goes at the start of that message, where the
+VLM was trained to see it. A text-only model, a web link, or a second picture is a 400.
+
 Every error, whatever its cause, has OpenAI's shape
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``:
 
@@ -73,6 +78,8 @@ from minimind_lib.inference import (
 )
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer, encode_chat, text_problem
+from minimind_lib.vision import to_pixels
+from minimind_lib.vlm import VisionLanguageModel, encode_image_chat, image_from_data_url
 
 DEFAULT_PORT = 8998
 API_KEY_ENV = "MINIMIND_API_KEY"  # where ``python -m minimind_lib serve`` finds a key
@@ -134,6 +141,7 @@ class _Job:
     params: SamplingParams
     stop: set[int]
     loop: asyncio.AbstractEventLoop
+    pixel_values: torch.Tensor | None = None  # a picture for a VLM (1, 3, H, W)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -168,7 +176,7 @@ class Engine:
             return sum(not job.cancel.is_set() for job in self._waiting)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               stop: set[int]) -> _Job:
+               stop: set[int], pixel_values: torch.Tensor | None = None) -> _Job:
         """Queue a job; read its events with ``events(job)``."""
         waiting = self.waiting
         if waiting >= self.max_waiting:
@@ -178,7 +186,7 @@ class Engine:
                 self._thread = threading.Thread(target=self._work, name="minimind-generate",
                                                 daemon=True)
                 self._thread.start()
-            job = _Job(prompt_ids, params, stop, asyncio.get_running_loop())
+            job = _Job(prompt_ids, params, stop, asyncio.get_running_loop(), pixel_values)
             self._waiting.append(job)
         self._jobs.put(job)
         return job
@@ -210,7 +218,8 @@ class Engine:
                 continue
             try:
                 stream = TextStream(self.model, self.tokenizer, job.prompt_ids, job.params,
-                                    job.stop, cancelled=job.cancel.is_set)
+                                    job.stop, cancelled=job.cancel.is_set,
+                                    pixel_values=job.pixel_values)
                 with torch.inference_mode():
                     for chunk in stream:
                         job.emit("text", chunk)
@@ -243,20 +252,38 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None
+
+
+class ImagePart(BaseModel):
+    """OpenAI's picture part; only ``data:`` URLs are read (``vlm.image_from_data_url``)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | ImagePart]
 
     @field_validator("content")
     @classmethod
-    def _valid_content(cls, content: str | list[TextPart]) -> str | list[TextPart]:
-        for text in [content] if isinstance(content, str) else [p.text for p in content]:
+    def _valid_content(cls, content: str | list) -> str | list:
+        texts = [content] if isinstance(content, str) else \
+            [p.text for p in content if isinstance(p, TextPart)]
+        for text in texts:
             _valid_text(text)
         return content
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else \
-            "".join(p.text for p in self.content)
+            "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def image_urls(self) -> list[str]:
+        return [] if isinstance(self.content, str) else \
+            [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
 
     def as_dict(self) -> dict:
         """ChatML's message; OpenAI's ``developer`` role (newer clients' name) is the system."""
@@ -320,6 +347,7 @@ class ServerState:
     #: more characters than this cannot fit the context: no token holds more characters than
     #: the longest token's bytes
     max_prompt_chars: int = 0
+    vlm: VisionLanguageModel | None = None  # set when the model reads pictures
 
     def __post_init__(self) -> None:
         if not self.max_prompt_chars:
@@ -339,12 +367,40 @@ class ServerState:
                                 f"{self.context:,} tokens (each takes at least 3)", param,
                            code="request_too_large")
 
-    async def encode(self, messages: list[dict] | None = None, text: str | None = None) -> list[int]:
-        """The prompt's ids: ``messages`` in ChatML with the generation prompt, or raw ``text``.
-        Tokenising takes ~1 s per MB of text, so it runs on a thread, not the event loop."""
+    async def encode(self, messages: list[dict] | None = None, text: str | None = None,
+                     image_turn: int | None = None) -> list[int]:
+        """The prompt's ids: ``messages`` in ChatML with the generation prompt (with a VLM's
+        image slots in message ``image_turn``), or raw ``text``. Tokenising takes ~1 s per MB
+        of text, so it runs on a thread, not the event loop."""
+        if image_turn is not None:
+            return await asyncio.to_thread(encode_image_chat, self.tokenizer, messages,
+                                           self.vlm.image_tokens, True, image_turn)
         if messages is not None:
             return await asyncio.to_thread(encode_chat, self.tokenizer, messages, True)
         return await asyncio.to_thread(self.tokenizer.encode, text, set())
+
+    def picture(self, messages: list[Message]) -> tuple[torch.Tensor | None, int | None]:
+        """The request's picture as pixels (1, 3, H, W) and the message holding it, or
+        (None, None). A 400 when the model reads no pictures, when there is more than one,
+        when it is not in a user message, or when it is not a readable ``data:`` URL."""
+        found = [(i, url) for i, m in enumerate(messages) for url in m.image_urls()]
+        if not found:
+            return None, None
+        if self.vlm is None:
+            raise BadRequest("this server's model reads text only; to send pictures, serve a "
+                             "vision-language model folder (python -m minimind_lib serve "
+                             "--model runs/<profile>/vision/vlm)", "messages")
+        (turn, url), param = found[0], f"messages[{found[0][0]}].content"
+        if len(found) > 1:
+            raise BadRequest(f"{len(found)} pictures; the model reads one per conversation",
+                             "messages")
+        if messages[turn].role != "user":
+            raise BadRequest("a picture goes in a user message", param)
+        try:
+            image = image_from_data_url(url, self.vlm.encoder.config.image_size)
+        except ValueError as e:
+            raise BadRequest(str(e), param) from None
+        return to_pixels(image), turn
 
     def sampling(self, max_new: int | None, param: str, **settings: object) -> SamplingParams:
         """The request's ``SamplingParams`` (a bad value is a 400 naming the field);
@@ -374,11 +430,11 @@ class ServerState:
         return params
 
     async def run(self, request: Request, prompt_ids: list[int], params: SamplingParams,
-                  stop: set[int]) -> TextStream:
+                  stop: set[int], pixel_values: torch.Tensor | None = None) -> TextStream:
         """Generate to the end on the engine; the finished stream. A client that hangs up
         cancels the job (then the stream's ``finish_reason`` is "cancelled", or ``ClientGone``
         when it had not started)."""
-        job = self.engine.submit(prompt_ids, params, stop)
+        job = self.engine.submit(prompt_ids, params, stop, pixel_values)
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
         try:
             async for kind, value in self.engine.events(job):
@@ -416,7 +472,8 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
                               "OpenAI-compatible API (notebook 08).")
     app.state.engine = engine
     app.state.server = ServerState(engine, tokenizer, model_name, context_length(model),
-                                   default_max_new_tokens, stop_ids(tokenizer), api_key=api_key)
+                                   default_max_new_tokens, stop_ids(tokenizer), api_key=api_key,
+                                   vlm=model if isinstance(model, VisionLanguageModel) else None)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(HTTPException, http_error)
@@ -606,17 +663,18 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
     param = "max_completion_tokens" if given else "max_tokens"
     params = server.sampling(max_new, param, temperature=req.temperature, top_k=req.top_k,
                              top_p=req.top_p, seed=req.seed)
-    prompt_ids = await server.encode(messages=messages)
+    pixels, image_turn = server.picture(req.messages)
+    prompt_ids = await server.encode(messages=messages, image_turn=image_turn)
     params = server.fit(params, prompt_ids, "messages", max_new, param)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": server.model_name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        job = server.engine.submit(prompt_ids, params, server.chat_stop)
+        job = server.engine.submit(prompt_ids, params, server.chat_stop, pixels)
         return StreamingResponse(_sse(server.engine, job, head, len(prompt_ids), include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    result = await server.run(request, prompt_ids, params, server.chat_stop)
+    result = await server.run(request, prompt_ids, params, server.chat_stop, pixels)
     return {**head, "object": "chat.completion", "choices": [{
         "index": 0, "message": {"role": "assistant", "content": result.text},
         "finish_reason": result.finish_reason}], "usage": _usage(len(prompt_ids), result)}

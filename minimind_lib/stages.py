@@ -17,7 +17,7 @@ A new stage goes here::
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
-['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize']
+['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize', 'vision']
 >>> STAGES["sft"].requires, STAGES["sft"].starts_from
 (('tokenizer', 'pretrain'), 'pretrain')
 """
@@ -46,13 +46,17 @@ from minimind_lib.evaluate import (
     summarize_preferences,
 )
 from minimind_lib.files import (
+    CLIP_DIR,
     EVAL_FILE,
     FORMATS_FILE,
     MARKER_FILE,
     METRICS_FILE,
     PRETOKENIZED_META,
+    RUN_CONFIG_FILE,
     TOKENIZER_FILE,
+    VLM_DIR,
     atomic_write_text,
+    read_json_lines,
 )
 from minimind_lib.formats import formats_table, measure_formats
 from minimind_lib.model import MiniMindForCausalLM
@@ -62,6 +66,17 @@ from minimind_lib.quantize import quantize_int8
 from minimind_lib.sft import train_sft
 from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, BPETokenizer
 from minimind_lib.train import TrainConfig, init_distributed, train
+from minimind_lib.vision import CLIP, save_clip
+from minimind_lib.vlm import (
+    build_vlm,
+    evaluate_clip,
+    evaluate_vqa,
+    save_vlm,
+    train_clip,
+    train_vlm,
+    vision_eval,
+    vision_table,
+)
 
 
 @dataclass
@@ -346,3 +361,48 @@ def quantize_stage(ctx: StageContext) -> dict:
             "perplexity": {r.name: r.metrics["perplexity"] for r in done},
             "exact_match": {r.name: r.metrics["exact_match"] for r in done},
             "skipped": {r.name: r.note for r in rows if r.note}}
+
+
+@register("vision", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          description="a tiny CLIP on synthetic pictures, then a MiniMind-V style VLM on the SFT "
+                      "model; zero-shot and held-out VQA exact-match (notebook 13)")
+def vision_stage(ctx: StageContext) -> dict:
+    """Train the tiny CLIP (``clip/``), then the VLM on ``ctx.start_dir()`` (the sft model, or
+    ``--init data/reference/sft``) with CLIP's frozen image encoder (``vlm/``: a VLM folder with
+    the tokenizer beside it), and score both on pictures of held-out (colour, shape) pairs:
+    ``eval.json`` (``vlm.vision_eval``) and ``metrics.jsonl`` (both runs' rows, by ``phase``)."""
+    profile, settings = ctx.profile, ctx.profile.vision
+    tokenizer = ctx.tokenizer()
+    lm = load_model(ctx.start_dir())
+    if lm.config.vocab_size < len(tokenizer):
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
+                         f"is {lm.config.vocab_size}")
+    run = {"seed": profile.seed, "options": profile.train, "resume": ctx.resume,
+           "precision": ctx.precision, "device": ctx.device, "progress": ctx.progress,
+           "callbacks": ctx.callbacks}
+    seed_everything(profile.seed)
+    clip = CLIP(settings.clip_config(len(tokenizer)))
+    train_clip(clip, tokenizer, settings, out_dir=ctx.out_dir / CLIP_DIR, **run)
+    clip = clip.cpu().eval()
+    save_clip(clip, ctx.out_dir / CLIP_DIR)
+    vlm = build_vlm(lm, clip, settings.merge)
+    train_vlm(vlm, tokenizer, settings, out_dir=ctx.out_dir / VLM_DIR, **run)
+    vlm = vlm.cpu().eval()
+    save_vlm(vlm, ctx.out_dir / VLM_DIR)
+    for f in sorted(ctx.dir("tokenizer").glob("*.json")):  # serve --model finds them
+        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):
+            shutil.copyfile(f, ctx.out_dir / VLM_DIR / f.name)
+    result = vision_eval(evaluate_clip(clip, tokenizer, profile.seed, settings.eval_images),
+                         evaluate_vqa(vlm, tokenizer, profile.seed, settings.eval_images,
+                                      progress=ctx.progress),
+                         eval_images=settings.eval_images, lm=str(ctx.start_dir()))
+    atomic_write_text(ctx.out_dir / EVAL_FILE, json.dumps(result, indent=2) + "\n")
+    rows = [{"phase": phase, **row} for phase in (CLIP_DIR, VLM_DIR)
+            for row in read_json_lines(ctx.out_dir / phase / METRICS_FILE)]
+    atomic_write_text(ctx.out_dir / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    print(vision_table(result))
+    return {key: result[key] for key in ("zero_shot_accuracy", "zero_shot_chance",
+                                         "vqa_exact_match", "vqa_chance")} | {
+        "eval": EVAL_FILE, "metrics": METRICS_FILE, "models": [CLIP_DIR, VLM_DIR],
+        "final_loss": {phase: next(r["loss"] for r in reversed(rows) if r["phase"] == phase)
+                       for phase in (CLIP_DIR, VLM_DIR)}}

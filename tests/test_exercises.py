@@ -185,6 +185,12 @@ WRONG: dict[str, object] = {
     "12.1": lambda positions, s: positions * s,  # stretches instead of squeezing
     "12.2": _slopes_any_h,
     "12.3": _yarn_band_unclamped,
+    # 13.1: the right shape without the permute: each "patch" is a strip of one channel's rows
+    "13.1": lambda pixels, p: pixels.reshape(pixels.shape[0], -1, pixels.shape[1] * p * p),
+    # 13.2: per row (each picture picks a caption) instead of per column
+    "13.2": lambda s: (s.argmax(dim=1) == torch.arange(len(s))).float().mean(),
+    # 13.3: every slot gets the mean of the picture's vectors
+    "13.3": lambda e, i, m: torch.where((i == -200)[..., None], m.mean(1, keepdim=True), e),
 }
 
 

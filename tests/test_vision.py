@@ -1,0 +1,502 @@
+"""The vision path (notebook 13): synthetic scenes, the tiny CLIP, the MiniMind-V style VLM."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minimind_lib.checkpoint import load_model
+from minimind_lib.files import VISION_CONFIG_FILE
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, MiniMindModel
+from minimind_lib.scenes import (
+    BACKGROUND,
+    COLOURS,
+    HELD_OUT_PAIRS,
+    LANGUAGES,
+    QUESTION_KINDS,
+    SHAPES,
+    answers,
+    caption,
+    make_scene,
+    pairs,
+    questions,
+    render,
+)
+from minimind_lib.tokenizer import encode_chat, load_tokenizer
+from minimind_lib.vision import (
+    CLIP,
+    ZERO_SHOT_TARGETS,
+    CLIPConfig,
+    EncoderAttention,
+    all_scenes,
+    caption_ids,
+    clip_loss,
+    label,
+    load_clip,
+    patchify,
+    save_clip,
+    to_pixels,
+    zero_shot,
+)
+from minimind_lib.vlm import (
+    IMAGE_TOKEN_ID,
+    VisionSettings,
+    VQADataset,
+    build_vlm,
+    encode_image_chat,
+    is_vlm_folder,
+    load_vlm,
+    save_vlm,
+    score_vqa,
+    splice,
+    train_vlm,
+    vqa_example,
+)
+
+TINY_CLIP = CLIPConfig(vision_width=16, vision_layers=1, vision_heads=2, text_width=16,
+                       text_layers=1, text_heads=2, embed_dim=8)
+TINY_LM = MiniMindConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def tiny_vlm(seed: int = 0):
+    torch.manual_seed(seed)
+    return build_vlm(MiniMindForCausalLM(TINY_LM), CLIP(TINY_CLIP))
+
+
+# --- scenes ----------------------------------------------------------------------------
+
+
+def test_scenes_are_a_function_of_seed_split_and_index():
+    a, b = make_scene(3, "train", 17), make_scene(3, "train", 17)
+    assert a == b and np.array_equal(render(a), render(b))
+    assert len({make_scene(3, "train", i) for i in range(50)}) == 50  # jitter: no repeats
+
+
+def test_the_split_is_by_colour_shape_pair():
+    train, held_out = set(pairs("train")), set(pairs("held_out"))
+    assert held_out == set(HELD_OUT_PAIRS) and not train & held_out
+    assert {c for c, _ in train} == set(COLOURS) and {s for _, s in train} == set(SHAPES)
+    assert {c for c, _ in held_out} == set(COLOURS) and {s for _, s in held_out} == set(SHAPES)
+    assert {make_scene(0, "held_out", i).pair for i in range(200)} == held_out
+    assert {make_scene(0, "train", i).pair for i in range(400)} == train
+    assert {make_scene(0, "seen", i).pair for i in range(400)} == train
+
+
+def test_a_picture_holds_its_colour_on_its_side_only():
+    for i in range(40):
+        scene = make_scene(1, "train", i)
+        image = render(scene)
+        painted = ~(image == BACKGROUND).all(axis=-1)  # (H, W)
+        assert (image[painted] == COLOURS[scene.colour]).all()
+        columns = np.nonzero(painted.any(axis=0))[0]
+        half = image.shape[1] // 2
+        assert (columns < half).all() if scene.side == "left" else (columns >= half).all()
+        blobs = _count_blobs(painted)
+        assert blobs == scene.count, (scene, blobs)
+
+
+def _count_blobs(mask: np.ndarray) -> int:
+    """Connected painted regions (4-neighbourhood): one per shape when none touch."""
+    seen, blobs = np.zeros_like(mask), 0
+    for start in zip(*np.nonzero(mask), strict=True):
+        if seen[start]:
+            continue
+        blobs += 1
+        stack = [start]
+        while stack:
+            y, x = stack.pop()
+            if 0 <= y < mask.shape[0] and 0 <= x < mask.shape[1] and mask[y, x] and not seen[y, x]:
+                seen[y, x] = True
+                stack += [(y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)]
+    return blobs
+
+
+def test_every_question_has_one_of_its_kinds_answers():
+    scene = make_scene(0, "held_out", 5)
+    records = questions(scene)
+    assert len(records) == len(QUESTION_KINDS) * len(LANGUAGES)
+    for r in records:
+        assert r["answer"] in answers(r["kind"], r["language"])
+    with pytest.raises(ValueError, match="unknown question kind 'mood'"):
+        from minimind_lib.scenes import question
+        question(scene, "mood")
+
+
+def test_every_caption_fits_the_text_encoder(tokenizer):
+    for scene in all_scenes():
+        for language in LANGUAGES:
+            assert len(caption_ids(tokenizer, caption(scene, language), 32)) <= 32
+
+
+# --- the tiny CLIP -------------------------------------------------------------------------
+
+
+def test_clip_loss_equals_transformers():
+    from transformers.models.clip import modeling_clip
+
+    # transformers 5 renamed ``clip_loss`` to ``image_text_contrastive_loss`` (same body)
+    hf_clip_loss = getattr(modeling_clip, "clip_loss", None) or \
+        modeling_clip.image_text_contrastive_loss
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 3, 16):
+        similarity = torch.randn(n, n, generator=g) * 10
+        # the same float32 cross-entropies summed the same way: equal to rounding (1e-6)
+        torch.testing.assert_close(clip_loss(similarity), hf_clip_loss(similarity),
+                                   rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="square"):
+        clip_loss(torch.zeros(2, 3))
+
+
+def test_clip_loss_is_symmetric_in_images_and_captions():
+    s = torch.randn(5, 5, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(clip_loss(s), clip_loss(s.T))
+    one_way = F.cross_entropy(s, torch.arange(5))
+    assert not torch.isclose(clip_loss(s), one_way)  # both directions count
+
+
+def test_patch_embedding_is_a_strided_convolution():
+    torch.manual_seed(0)
+    pixels = torch.randn(2, 3, 48, 48)
+    conv = torch.nn.Conv2d(3, 16, kernel_size=8, stride=8)
+    linear = torch.nn.Linear(3 * 8 * 8, 16)
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight.reshape(16, -1))
+        linear.bias.copy_(conv.bias)
+    by_conv = conv(pixels).flatten(2).transpose(1, 2)  # (B, N, D)
+    # the same 192 products per output, summed in another order: float32 rounding (1e-5)
+    torch.testing.assert_close(linear(patchify(pixels, 8)), by_conv, rtol=0, atol=1e-5)
+
+
+def test_encoder_attention_sees_every_patch():
+    torch.manual_seed(0)
+    config = TINY_CLIP.vision_block_config()
+    attention = EncoderAttention(config)
+    x = torch.randn(1, 6, config.hidden_size)
+    y, _ = attention(x, None, None)
+    q, k, v = attention._project(x, None, None)
+    reference = F.scaled_dot_product_attention(q, k, v)  # no mask at all
+    expected = attention.o_proj(reference.transpose(1, 2).reshape(1, 6, -1))
+    torch.testing.assert_close(y, expected)
+    manual = attention.weights(x, None, None)  # (1, H, T, T): the manual path's probabilities
+    assert bool((manual[..., 0, 1:] > 0).all())  # the first patch reads the later ones
+    x2 = x.clone()
+    x2[0, -1] += 1.0
+    assert not torch.allclose(attention(x2, None, None)[0][0, 0], y[0, 0])
+
+
+def test_zero_shot_reads_the_class_off_the_captions(tokenizer, monkeypatch):
+    """With one orthogonal text embedding per caption template, a picture embedded as its own
+    caption is classified right for every target, and one embedded as another class's caption
+    wrong: the bookkeeping from captions to classes holds."""
+    from minimind_lib import vision
+
+    templates = all_scenes()
+    clip = CLIP(replace(TINY_CLIP, embed_dim=len(templates))).eval()
+    monkeypatch.setattr(vision, "caption_embeddings", lambda *a, **k: torch.eye(len(templates)))
+    scenes = [make_scene(0, "held_out", i) for i in range(12)]
+    own = [next(k for k, t in enumerate(templates) if t.attributes() == s.attributes())
+           for s in scenes]
+    for target in ZERO_SHOT_TARGETS:
+        classes = list(dict.fromkeys(label(t, target) for t in templates))
+        right = torch.eye(len(templates))[own]
+        assert zero_shot(clip, tokenizer, scenes, target, images=right) == (1.0, 1 / len(classes))
+        other = [next(k for k, t in enumerate(templates) if label(t, target) != label(s, target))
+                 for s in scenes]
+        wrong = torch.eye(len(templates))[other]
+        assert zero_shot(clip, tokenizer, scenes, target, images=wrong)[0] == 0.0
+    with pytest.raises(ValueError, match="unknown zero-shot target 'mood'"):
+        label(scenes[0], "mood")
+
+
+def test_clip_folder_round_trip(tmp_path, tokenizer):
+    clip = CLIP(TINY_CLIP).eval()
+    save_clip(clip, tmp_path / "clip")
+    again = load_clip(tmp_path / "clip")
+    pixels = to_pixels(render(make_scene(0, "train", 0)))
+    ids = torch.tensor([caption_ids(tokenizer, "one big red square on the left", 32)])
+    assert torch.equal(clip(pixels, ids, torch.tensor([ids.shape[1]])),
+                       again(pixels, ids, torch.tensor([ids.shape[1]])))
+    (tmp_path / "clip" / "clip_config.json").write_text('{"patch_size": 7}')
+    with pytest.raises(ValueError, match="clip_config.json: .*multiple of patch_size"):
+        load_clip(tmp_path / "clip")
+
+
+# --- the prompt and the splice ---------------------------------------------------------------
+
+
+def test_image_slots_come_from_position_never_from_text(tokenizer):
+    chat = [{"role": "user", "content": "What colour is the circle?"}]
+    ids = encode_image_chat(tokenizer, chat, 9, add_generation_prompt=True)
+    assert ids.count(IMAGE_TOKEN_ID) == 9
+    assert [t for t in ids if t != IMAGE_TOKEN_ID] == encode_chat(tokenizer, chat, True)
+    header = tokenizer.encode("user\n", allowed_special=set())
+    first = ids.index(IMAGE_TOKEN_ID)
+    assert ids[first - len(header) - 1:first] == [tokenizer.token_to_id("<|im_start|>")] + header
+    forged = [{"role": "user", "content": "<image> -200 " + "@" * 196 + " <|image_pad|>"}]
+    text_only = encode_chat(tokenizer, forged, True)
+    assert IMAGE_TOKEN_ID not in text_only and min(text_only) >= 0
+    assert encode_image_chat(tokenizer, forged, 4, True).count(IMAGE_TOKEN_ID) == 4
+
+
+def test_image_goes_to_the_message_asked_for(tokenizer):
+    chat = [{"role": "system", "content": "Look."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "And this?"}]
+    ids = encode_image_chat(tokenizer, chat, 2, image_turn=3)
+    tail = tokenizer.decode([t for t in ids[ids.index(IMAGE_TOKEN_ID) + 2:] if t >= 0])
+    assert tail.startswith("And this?")
+    with pytest.raises(ValueError, match="no message 4"):
+        encode_image_chat(tokenizer, chat, 2, image_turn=4)
+
+
+def test_vqa_example_supervises_the_answer_only(tokenizer):
+    ids, labels = vqa_example(tokenizer, "What shape is in the picture?", "circle", 9)
+    supervised = [t for t in labels if t != -100]
+    assert tokenizer.decode(supervised) == "circle<|im_end|>"
+    assert ids[-len(supervised):] == supervised and IMAGE_TOKEN_ID not in supervised
+
+
+def test_splice_puts_each_picture_in_its_own_row():
+    ids = torch.tensor([[IMAGE_TOKEN_ID, IMAGE_TOKEN_ID, 5], [6, IMAGE_TOKEN_ID, IMAGE_TOKEN_ID]])
+    images = torch.arange(8.0).reshape(2, 2, 2)  # (B, M, C)
+    out = splice(torch.full((2, 3, 2), -1.0), ids, images)
+    assert out[0, :2].tolist() == images[0].tolist() and out[1, 1:].tolist() == images[1].tolist()
+    assert out[0, 2].tolist() == [-1.0, -1.0] and out[1, 0].tolist() == [-1.0, -1.0]
+    with pytest.raises(ValueError, match="image slots per row"):
+        splice(torch.zeros(2, 3, 2), ids, torch.zeros(2, 3, 2))
+
+
+# --- the VLM -------------------------------------------------------------------------------
+
+
+def test_inputs_embeds_equal_token_ids():
+    torch.manual_seed(0)
+    trunk = MiniMindModel(TINY_LM).eval()
+    ids = torch.randint(0, TINY_LM.vocab_size, (2, 7))
+    by_ids, _ = trunk(ids)
+    by_embeds, _ = trunk(None, inputs_embeds=trunk.embed_tokens(ids))
+    assert torch.equal(by_ids, by_embeds)
+    with pytest.raises(ValueError, match="inputs_embeds must be"):
+        trunk(None, inputs_embeds=torch.zeros(2, 7))
+
+
+def test_without_a_picture_the_vlm_is_its_lm():
+    vlm = tiny_vlm().eval()
+    ids = torch.randint(0, TINY_LM.vocab_size, (2, 9))
+    assert torch.equal(vlm(ids).logits, vlm.lm(ids).logits)
+    with pytest.raises(ValueError, match="need pixel_values"):
+        vlm(torch.cat([ids, torch.full((2, 9), IMAGE_TOKEN_ID)], dim=1))
+
+
+def _batch(tokenizer, vlm, n=4):
+    data = VQADataset(tokenizer, 3, seed=0, image_tokens=vlm.image_tokens)
+    return data.collate([data[k] for k in range(n)])
+
+
+def test_answer_loss_equals_the_full_forward_loss(tokenizer):
+    vlm = tiny_vlm().eval()
+    batch = _batch(tokenizer, vlm)
+    full = vlm(batch["input_ids"], batch["pixel_values"], labels=batch["labels"]).loss
+    fast = vlm.answer_loss(batch["input_ids"], batch["pixel_values"], batch["labels"])
+    # the same logits at the supervised positions, averaged in another order: 1e-6
+    torch.testing.assert_close(fast, full, rtol=0, atol=1e-6)
+
+
+def test_the_picture_changes_the_answer_logits(tokenizer):
+    vlm = tiny_vlm().eval()
+    batch = _batch(tokenizer, vlm, n=1)
+    other = torch.flip(batch["pixel_values"], dims=[-1])  # the mirror image: other side
+    a = vlm(batch["input_ids"], batch["pixel_values"]).logits
+    b = vlm(batch["input_ids"], other).logits
+    first_slot = batch["input_ids"][0].tolist().index(IMAGE_TOKEN_ID)
+    assert torch.equal(a[:, :first_slot], b[:, :first_slot])  # causal: before the picture
+    assert not torch.allclose(a[:, -1], b[:, -1])
+
+
+def test_stream_with_a_picture_equals_recomputing_everything(tokenizer):
+    vlm = tiny_vlm(seed=3).eval()
+    batch = _batch(tokenizer, vlm, n=1)
+    prompt = batch["input_ids"][:, :batch["labels"][0].ne(-100).nonzero()[0, 0]]  # up to the answer
+    pixels = batch["pixel_values"]
+    cached = torch.stack(list(vlm.stream(prompt, 6, temperature=0, pixel_values=pixels)), dim=1)
+    seq = prompt
+    for _ in range(6):  # greedy without a cache: the whole spliced sequence every step
+        nxt = vlm(seq, pixels).logits[:, -1].argmax(dim=-1, keepdim=True)
+        seq = torch.cat([seq, nxt], dim=1)
+    assert torch.equal(cached, seq[:, prompt.shape[1]:])
+
+
+def test_training_moves_the_projector_not_the_frozen_encoder(tokenizer):
+    vlm = tiny_vlm()
+    encoder_before = {k: v.clone() for k, v in vlm.encoder.state_dict().items()}
+    projector_before = {k: v.clone() for k, v in vlm.projector.state_dict().items()}
+    lm_before = {k: v.clone() for k, v in vlm.lm.state_dict().items()}
+    settings = VisionSettings(train_images=4, clip_batch_size=4, vlm_steps=2, vlm_batch_size=4,
+                              warmup_steps=1,
+                              train_lm=False, patch_size=TINY_CLIP.patch_size)
+    rows = train_vlm(vlm, tokenizer, settings, seed=0, progress=False, precision="fp32")
+    assert len(rows) == 2 and not vlm.encoder.training
+    assert all(torch.equal(v, encoder_before[k]) for k, v in vlm.encoder.state_dict().items())
+    assert all(torch.equal(v, lm_before[k]) for k, v in vlm.lm.state_dict().items())
+    assert not all(torch.equal(v, projector_before[k])
+                   for k, v in vlm.projector.state_dict().items())
+
+
+def test_vlm_folder_round_trip(tmp_path, tokenizer):
+    vlm = tiny_vlm().eval()
+    folder = save_vlm(vlm, tmp_path / "vlm")
+    assert is_vlm_folder(folder) and not is_vlm_folder(tmp_path)
+    again = load_vlm(folder)
+    batch = _batch(tokenizer, vlm, n=2)
+    assert torch.equal(vlm(batch["input_ids"], batch["pixel_values"]).logits,
+                       again(batch["input_ids"], batch["pixel_values"]).logits)
+    ids = torch.randint(0, TINY_LM.vocab_size, (1, 5))
+    assert torch.equal(load_model(folder)(ids).logits, vlm.lm(ids).logits)  # the LM part alone
+    from minimind_lib.inference import load_for_serving
+
+    served, _ = load_for_serving(folder, "cpu")  # what `serve --model <vlm folder>` loads
+    assert isinstance(served, type(vlm)) and served.image_tokens == vlm.image_tokens
+    (folder / VISION_CONFIG_FILE).write_text(json.dumps({"merge": 2}))
+    with pytest.raises(ValueError, match="vision.json: KeyError"):
+        load_vlm(folder)
+
+
+def test_vqa_chance_is_one_over_the_possible_answers():
+    scene = make_scene(0, "held_out", 0)
+    records = [{**q, "scene": scene} for q in questions(scene)]
+    from minimind_lib.evaluate import Answer
+
+    scores = score_vqa(records, [Answer(r["answer"], True) for r in records])
+    assert scores["all"].exact_match == 1.0
+    assert scores["colour"].chance == 1 / 5 and scores["shape/zh"].chance == 1 / 4
+    assert scores["count"].chance == 1 / 3 and scores["side"].chance == 1 / 2
+    assert scores["all"].chance == pytest.approx((1 / 5 + 1 / 4 + 1 / 3 + 1 / 2 + 1 / 2) / 5)
+
+
+def test_vision_settings_check_their_fields():
+    with pytest.raises(ValueError, match="VisionSettings.clip_steps must be positive"):
+        VisionSettings(clip_steps=0)
+    with pytest.raises(ValueError, match="merge \\(3\\) must divide the patch grid \\(8"):
+        VisionSettings(merge=3)
+    with pytest.raises(ValueError, match="train_images \\(10\\) must be at least clip_batch_size"):
+        VisionSettings(train_images=10)
+
+
+# --- serving pictures ---------------------------------------------------------------------
+
+
+def _loud_vlm():
+    """Large random weights: greedy answers differ from picture to picture, so a server that
+    dropped or mixed up pictures would be caught."""
+    vlm = tiny_vlm(seed=5).eval()
+    with torch.no_grad():
+        for p in [*vlm.lm.parameters(), *vlm.projector.parameters()]:
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+    return vlm
+
+
+def _picture_request(url, text="What colour is it?", **extra):
+    return {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}],
+        "temperature": 0, "max_tokens": 6, **extra}
+
+
+def test_the_server_reads_a_picture_in_openais_format(tokenizer):
+    import httpx
+
+    from minimind_lib.inference import SamplingParams, TextStream
+    from minimind_lib.serve import BackgroundServer, create_app
+    from minimind_lib.vlm import data_url
+
+    vlm = _loud_vlm()
+    pictures = [render(make_scene(0, "held_out", i)) for i in range(3)]
+    with BackgroundServer(create_app(vlm, tokenizer)) as server:
+        got = [httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                          json=_picture_request(data_url(p))).json() for p in pictures]
+        streamed = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                              json=_picture_request(data_url(pictures[0]), stream=True)).text
+        text_only = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 4})
+        link = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                          json=_picture_request("https://example.com/a.png"))
+    prompt = encode_image_chat(tokenizer, [{"role": "user", "content": "What colour is it?"}],
+                               vlm.image_tokens, add_generation_prompt=True)
+    answers_ = [got_["choices"][0]["message"]["content"] for got_ in got]
+    for picture, answer in zip(pictures, answers_, strict=True):
+        direct = TextStream(vlm, tokenizer, prompt, SamplingParams(6, temperature=0),
+                            pixel_values=to_pixels(picture))
+        assert answer == "".join(direct)
+    assert len(set(answers_)) > 1  # the picture matters
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == answers_[0]
+    assert text_only.status_code == 200
+    assert link.status_code == 400 and "data URL" in link.json()["error"]["message"]
+    assert link.json()["error"]["param"] == "messages[0].content"
+
+
+def test_a_text_model_refuses_pictures_and_says_why(tokenizer):
+    import httpx
+
+    from minimind_lib.serve import BackgroundServer, create_app
+    from minimind_lib.vlm import data_url
+
+    url = data_url(render(make_scene(0, "train", 0)))
+    with BackgroundServer(create_app(MiniMindForCausalLM(TINY_LM).eval(), tokenizer)) as server:
+        r = httpx.post(server.url + "/v1/chat/completions", json=_picture_request(url), timeout=60)
+    assert r.status_code == 400 and "reads text only" in r.json()["error"]["message"]
+    vlm_server = create_app(_loud_vlm(), tokenizer)
+    two = _picture_request(url)
+    two["messages"][0]["content"].append({"type": "image_url", "image_url": {"url": url}})
+    with BackgroundServer(vlm_server) as server:
+        r = httpx.post(server.url + "/v1/chat/completions", json=two, timeout=60)
+        broken = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                            json=_picture_request("data:image/png;base64,aGVsbG8="))
+    assert r.status_code == 400 and "2 pictures" in r.json()["error"]["message"]
+    assert broken.status_code == 400 and "not a picture" in broken.json()["error"]["message"]
+
+
+# --- the stage ------------------------------------------------------------------------------
+
+
+def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
+    """`python -m minimind_lib vision --profile smoke` on the session's smoke sft model: the
+    smoke CLIP settings as they are (its zero-shot figure must beat twice chance: measured
+    40% against 5% on a busy 2-core machine), a short VLM run (its figures are only checked to
+    be there: the smoke VLM does not beat chance, see docs/benchmarks.md)."""
+    import shutil
+
+    from minimind_lib.__main__ import main
+    from minimind_lib.files import EVAL_FILE, MARKER_FILE, METRICS_FILE
+    from minimind_lib.vision import load_clip
+
+    root = tmp_path / "runs"
+    shutil.copytree(smoke_runs, root)
+    assert main(["vision", "--profile", "smoke", "--out", str(root), "--no-progress",
+                 "--set", "vision.vlm_steps=8", "--set", "vision.eval_images=6"]) == 0
+    out = root / "vision"
+    result = json.loads((out / EVAL_FILE).read_text())
+    assert result["zero_shot_chance"] == 1 / 20
+    assert result["zero_shot_accuracy"] > 2 * result["zero_shot_chance"]
+    assert 0 <= result["vqa_exact_match"] <= 1 and result["vqa"]["held_out"]["all"]["n"] == 60
+    assert set(result["vqa_by_kind"]) == set(QUESTION_KINDS)
+    phases = [json.loads(line)["phase"] for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert phases.count("clip") == 120 and phases.count("vlm") == 8
+    assert load_clip(out / "clip").config.vision_width == 32
+    vlm = load_vlm(out / "vlm")
+    assert vlm.lm.config.hidden_size == 64  # the smoke sft model, with eyes
+    assert (out / "vlm" / "tokenizer.json").is_file()
+    summary = json.loads((out / MARKER_FILE).read_text())["summary"]
+    assert summary["vqa_chance"] == result["vqa_chance"]

@@ -27,6 +27,11 @@ CONFIG_FILE = "config.json"  # the MiniMindConfig fields as one flat json object
 QUANT_FILE = "quantization.json"  # present in int8 folders: the format and the int8 groups
 TOKENIZER_FILE = "tokenizer.json"  # HF tokenizer.json
 
+# --- a LoRA adapter folder (``lora.save_adapter``: PEFT's file names) ------------------------
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's LoraConfig fields
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"  # base_model.model.<module>.lora_A.weight ...
+MERGED_DIR = "merged"  # the lora stage's merged model (a model folder)
+
 # --- a training run (``train.train``) -------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"  # one json object per optimizer step
 CHECKPOINTS_DIR = "checkpoints"  # step_NNNNNNN/ folders and the ``latest`` pointer

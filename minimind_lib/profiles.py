@@ -48,6 +48,7 @@ else:  # pragma: no cover - Python 3.10
 from minimind_lib import REPO_ROOT
 from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
+from minimind_lib.lora import LoRASettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
 
@@ -55,14 +56,14 @@ PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
 #: The training stages whose settings a profile holds, in order.
-TRAINING_STAGES = ("pretrain", "sft", "dpo")
+TRAINING_STAGES = ("pretrain", "sft", "dpo", "lora")
 
 
 @dataclass(frozen=True)
 class Profile:
     """Everything that differs between CI, a laptop and a GPU: the model, the hyper-parameters
-    of each training stage (``train.TrainSettings``; DPO's add ``beta``), how the engine runs
-    (``train.RunOptions``) and which data it needs.
+    of each training stage (``train.TrainSettings``; DPO's add ``beta``, LoRA's the adapter's
+    shape), how the engine runs (``train.RunOptions``) and which data it needs.
 
     ``needs_minimind_data``: the profile trains on MiniMind's datasets (``$MINIMIND_DATA_DIR``,
     else ``data/minimind/`` where ``download data`` puts them); otherwise on the data present
@@ -75,6 +76,7 @@ class Profile:
     pretrain: TrainSettings
     sft: TrainSettings
     dpo: DPOSettings
+    lora: LoRASettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     seed: int = 42
     train: RunOptions = field(default_factory=RunOptions)
@@ -110,6 +112,9 @@ def _smoke() -> Profile:
         # points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over three seeds
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
+        lora=LoRASettings(batch_size=16, seq_len=64, learning_rate=5e-3, max_steps=60,
+                          warmup_steps=5, weight_decay=0.0, eval_every=20, save_every=60,
+                          max_examples=2000),
         eval_per_task=20,
     )
 
@@ -128,8 +133,16 @@ def _cpu() -> Profile:
                           warmup_steps=50, eval_every=200, save_every=400),
         dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
                         warmup_steps=20, eval_every=50, save_every=200),
+        lora=LoRASettings(batch_size=16, seq_len=64, learning_rate=5e-3, max_steps=300,
+                          warmup_steps=10, weight_decay=0.0, eval_every=50, save_every=300),
         eval_per_task=100,
     )
+
+
+# The cpu profile's LoRA run (measured there) on a twice as large batch, at half its learning
+# rate as the gpu SFT's is half the cpu's: not measured on a GPU.
+_GPU_LORA = LoRASettings(batch_size=32, seq_len=64, learning_rate=2.5e-3, max_steps=300,
+                         warmup_steps=10, weight_decay=0.0, eval_every=50, save_every=300)
 
 
 def _gpu() -> Profile:
@@ -148,6 +161,7 @@ def _gpu() -> Profile:
                           max_steps=2000, warmup_steps=50, eval_every=200, save_every=500),
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
                         max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
+        lora=_GPU_LORA,
         eval_per_task=100,
     )
 
@@ -168,6 +182,7 @@ def _full() -> Profile:
                           max_steps=None, warmup_steps=100, eval_every=500, save_every=1000),
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
                         warmup_steps=50, eval_every=100, save_every=500),
+        lora=_GPU_LORA,
         eval_per_task=200,
         needs_minimind_data=True,
     )
@@ -233,6 +248,8 @@ def _as(value: object, kind: object) -> object:
     if get_origin(kind) is tuple:
         parts = value.split(",") if isinstance(value, str) else list(value)
         args = get_args(kind)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[str, ...]: any number of values
+            return tuple(_as(p.strip() if isinstance(p, str) else p, args[0]) for p in parts)
         if len(parts) != len(args):
             raise ValueError(f"expected {len(args)} comma-separated values")
         return tuple(_as(p, a) for p, a in zip(parts, args, strict=True))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,12 +91,15 @@ k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ATTENTION
+    replay: float = 0.0  # share of the training conversations replayed from the SFT data
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "target_modules", tuple(self.target_modules))
         _check_shape(self.rank, self.alpha, self.dropout, f"{type(self).__name__}.")
         _check_targets(self.target_modules, f"{type(self).__name__}.")
+        if not 0.0 <= self.replay < 1.0:
+            raise ValueError(f"{type(self).__name__}.replay must be in [0, 1), got {self.replay}")
 
     @property
     def scaling(self) -> float:
@@ -392,6 +396,32 @@ def load_adapter(model: nn.Module, directory: str | Path) -> list[str]:
 
 
 # --- training -----------------------------------------------------------------------------
+
+
+def with_replay(new: Sequence[dict], old: Sequence[dict], share: float, seed: int) -> list[dict]:
+    """``new`` plus a seeded sample of ``old`` that makes up ``share`` of the result, shuffled.
+
+    Replaying some of the data a model was trained on is the simplest guard against
+    forgetting it while it learns something else (InstructGPT's "PPO-ptx" mixes pretraining
+    batches into RLHF for the same reason: Ouyang et al. 2022, eq. 2). LoRA forgets less than
+    full fine-tuning but still forgets (Biderman et al. 2024, "LoRA Learns Less and Forgets
+    Less"); notebook 09 measures both, with and without replay.
+
+    >>> mixed = with_replay([{"new": i} for i in range(6)], [{"old": i} for i in range(50)],
+    ...                     share=0.25, seed=0)
+    >>> len(mixed), sum("old" in r for r in mixed)
+    (8, 2)
+    """
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"the replayed share must be in [0, 1), got {share}")
+    wanted = round(len(new) * share / (1 - share))
+    if wanted > len(old):
+        raise ValueError(f"replaying {share:.0%} of {len(new):,} conversations needs {wanted:,} "
+                         f"old ones; only {len(old):,} given")
+    rng = random.Random(seed)
+    mixed = list(new) + rng.sample(list(old), wanted)
+    rng.shuffle(mixed)
+    return mixed
 
 
 def finetune(model: nn.Module, tokenizer: BPETokenizer, records: Iterable[dict],

@@ -24,6 +24,7 @@ A new stage goes here::
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Callable
@@ -60,12 +61,21 @@ from minimind_lib.files import (
     atomic_write_text,
 )
 from minimind_lib.formats import formats_table, measure_formats
-from minimind_lib.lora import add_lora, count_parameters, finetune, merge_lora, save_adapter
+from minimind_lib.hf import TOKENIZER_FILES
+from minimind_lib.lora import (
+    LoRASettings,
+    add_lora,
+    count_parameters,
+    finetune,
+    merge_lora,
+    save_adapter,
+    with_replay,
+)
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile
 from minimind_lib.quantize import FORMAT as INT8_FORMAT
 from minimind_lib.quantize import quantize_int8
-from minimind_lib.sft import train_sft
+from minimind_lib.sft import sft_records, train_sft
 from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, BPETokenizer
 from minimind_lib.train import TrainConfig, init_distributed, train
 
@@ -358,6 +368,19 @@ def quantize_stage(ctx: StageContext) -> dict:
 
 #: Training conversations per task of the lora stage's generated data (minimind_lib.domain).
 LORA_TRAIN_PER_TASK = 5000
+#: The SFT conversations the lora stage's replay samples from: the first ones of the files.
+REPLAY_POOL = 20_000
+
+
+def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict]:
+    """The lora stage's training conversations: the new task's (``domain.task_records``),
+    plus ``settings.replay`` of them from the profile's SFT data (``lora.with_replay``)."""
+    new = task_records("train", LORA_TRAIN_PER_TASK, profile.seed)
+    if settings.replay == 0:
+        return new
+    old = list(itertools.islice(sft_records(dataset_files("sft", profile.data_dir)),
+                                REPLAY_POOL))
+    return with_replay(new, old, settings.replay, profile.seed)
 
 
 def _lora_eval(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext,
@@ -400,13 +423,14 @@ def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCa
             raise RuntimeError("the merged model's logits differ from the adapted model's")
     merged_dir = ctx.out_dir / MERGED_DIR
     save_model(merged, merged_dir)
-    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
-        if f.name != MARKER_FILE:
-            shutil.copyfile(f, merged_dir / f.name)
+    for name in TOKENIZER_FILES:  # so `serve --model <out>/lora/merged` finds its tokenizer
+        if (ctx.dir("tokenizer") / name).is_file():
+            shutil.copyfile(ctx.dir("tokenizer") / name, merged_dir / name)
     return merged
 
 
 @register("lora", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          sources=training_data("sft"),
           description="LoRA fine-tune of the SFT model on a new task (codes read in Chinese "
                       "numerals and back); the adapter in PEFT's format, the merged model in "
                       "merged/; evaluates before and after")
@@ -425,8 +449,8 @@ def lora_stage(ctx: StageContext) -> dict:
                        target_modules=settings.target_modules)
     counts = count_parameters(model)
     print(f"LoRA r={settings.rank} on {len(adapted)} projections: {counts}")
-    rows = finetune(model, tokenizer, task_records("train", LORA_TRAIN_PER_TASK, profile.seed),
-                    settings, seed=profile.seed,
+    rows = finetune(model, tokenizer, lora_training_records(settings, profile), settings,
+                    seed=profile.seed,
                     eval_records=task_records("eval", profile.eval_per_task),
                     options=profile.train, out_dir=ctx.out_dir, resume=ctx.resume,
                     precision=ctx.precision, device=ctx.device, progress=ctx.progress,

@@ -268,3 +268,38 @@ def test_peft_applied_to_the_hf_export_gives_the_merged_models_logits(peft, tmp_
     theirs_merged = hf_lora.merge_and_unload().state_dict()
     for name, weight in merged.state_dict().items():
         torch.testing.assert_close(theirs_merged[name], weight, rtol=0, atol=1e-6)
+
+
+# --- the lora stage ------------------------------------------------------------------------
+
+
+def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_runs, tmp_path):
+    import shutil
+
+    from minimind_lib.__main__ import main
+    from minimind_lib.evaluate import read_eval
+    from minimind_lib.stages import read_marker
+
+    root = tmp_path / "runs"
+    shutil.copytree(smoke_runs, root)
+    assert main(["lora", "--profile", "smoke", "--out", str(root), "--no-progress",
+                 "--set", "lora.max_steps=6", "--set", "lora.eval_every=3",
+                 "--set", "lora.replay=0.25", "--set", "eval_per_task=2"]) == 0
+    out = root / "lora"
+    merged = load_model(out / "merged")
+    assert (out / "merged" / "tokenizer.json").is_file()
+    # the adapter files on the SFT model are the merged model
+    sft = load_model(root / "sft")
+    load_adapter(sft, out)
+    ids = _ids()
+    torch.testing.assert_close(sft(ids).logits, merged(ids).logits, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(load_model(root / "sft")(ids).logits, merged(ids).logits)
+    evals = read_eval(out)
+    assert list(evals) == ["sft", "lora"]
+    for e in evals.values():
+        assert {"digits_to_hanzi", "hanzi_to_digits", "arithmetic"} <= set(e.tasks)
+    summary = read_marker(out)["summary"]
+    assert summary["steps"] == 6 and summary["trainable_parameters"] == sum(
+        t.numel() for t in safetensors.torch.load_file(str(out / ADAPTER_WEIGHTS_FILE)).values())
+    assert json.loads((out / ADAPTER_CONFIG_FILE).read_text())["base_model_name_or_path"] \
+        == str(root / "sft")

@@ -17,7 +17,14 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 CALL = re.compile(r"""exercise\(\s*["'](\d\d\.\d+)["']""")
 
 #: exercise id -> a plausible wrong answer (added with each exercise)
-WRONG: dict[str, object] = {}
+WRONG: dict[str, object] = {
+    # 09: LoRA without the alpha / r scaling; scaled by alpha, not alpha / r; every matrix
+    # taken as square (hidden x hidden), which GQA's k/v and the MLP's are not
+    "09.1": lambda x, W, A, B, alpha: x @ W.T + (x @ A.T) @ B.T,
+    "09.2": lambda W, A, B, alpha: W + alpha * B @ A,
+    "09.3": lambda config, rank, targets: (config.num_hidden_layers * len(targets) * rank
+                                           * 2 * config.hidden_size),
+}
 
 
 def _asked(notebook: Path) -> set[str]:

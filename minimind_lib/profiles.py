@@ -112,8 +112,8 @@ def _smoke() -> Profile:
         # points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over three seeds
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
-        lora=LoRASettings(batch_size=16, seq_len=64, learning_rate=5e-3, max_steps=60,
-                          warmup_steps=5, weight_decay=0.0, eval_every=20, save_every=60,
+        lora=LoRASettings(batch_size=16, seq_len=64, learning_rate=5e-3, max_steps=40,
+                          warmup_steps=5, weight_decay=0.0, eval_every=10, save_every=40,
                           max_examples=2000),
         eval_per_task=20,
     )

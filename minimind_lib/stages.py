@@ -17,7 +17,7 @@ A new stage goes here::
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
-['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize']
+['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize', 'lora']
 >>> STAGES["sft"].requires, STAGES["sft"].starts_from
 (('tokenizer', 'pretrain'), 'pretrain')
 """

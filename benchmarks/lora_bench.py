@@ -19,6 +19,7 @@ share of full fine-tuning's.
 
     python benchmarks/lora_bench.py                           # smoke profile's budget
     python benchmarks/lora_bench.py --profile cpu --out docs/figures
+    python benchmarks/lora_bench.py --profile cpu --replay 0 --out docs/figures --tag _no_replay
 """
 
 from __future__ import annotations
@@ -123,9 +124,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--replay", type=float, default=None, help="default: the profile's")
     parser.add_argument("--per-task", type=int, default=None, help="default: eval_per_task")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--speed-steps", type=int, default=4)
+    parser.add_argument("--speed-steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tag", default="", help="appended to the output file's name")
     args = parser.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -201,7 +203,7 @@ def main(argv=None) -> dict:
           f"{torch.get_num_threads()} torch thread(s) on {device}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"lora_vs_full_{profile.name}.json"
+        path = args.out / f"lora_vs_full_{profile.name}{args.tag}.json"
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {path}")
     return result

@@ -278,6 +278,7 @@ def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_run
 
     from minimind_lib.__main__ import main
     from minimind_lib.evaluate import read_eval
+    from minimind_lib.report import write_report
     from minimind_lib.stages import read_marker
 
     root = tmp_path / "runs"
@@ -303,3 +304,5 @@ def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_run
         t.numel() for t in safetensors.torch.load_file(str(out / ADAPTER_WEIGHTS_FILE)).values())
     assert json.loads((out / ADAPTER_CONFIG_FILE).read_text())["base_model_name_or_path"] \
         == str(root / "sft")
+    report = write_report(root).read_text()  # an optional stage is reported once it ran
+    assert "## LoRA" in report and "digits_to_hanzi" in report and "lora_loss.png" in report

@@ -22,6 +22,7 @@ from minimind_lib.lora import (
     adapter_state_dict,
     add_lora,
     count_parameters,
+    finetune,
     load_adapter,
     lora_layers,
     merge_lora,
@@ -306,3 +307,40 @@ def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_run
         == str(root / "sft")
     report = write_report(root).read_text()  # an optional stage is reported once it ran
     assert "## LoRA" in report and "digits_to_hanzi" in report and "lora_loss.png" in report
+
+
+def test_an_interrupted_lora_run_resumes_to_the_same_adapters(tmp_path):
+    """Checkpoints hold the adapters (the model's state dict has them), so --resume works."""
+    from minimind_lib.domain import task_records
+    from minimind_lib.tokenizer import load_tokenizer
+
+    config = MiniMindConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=128)
+    tokenizer, records = load_tokenizer(), task_records("train", 40, seed=0)
+    settings = LoRASettings(batch_size=4, seq_len=64, max_steps=6, warmup_steps=1, save_every=3,
+                            eval_every=100, learning_rate=1e-2)
+
+    def run(max_steps, resume):
+        torch.manual_seed(0)
+        model = MiniMindForCausalLM(config)
+        add_lora(model, rank=2, alpha=4)
+        finetune(model, tokenizer, records, settings, seed=0, out_dir=tmp_path / "run",
+                 resume=resume, precision="fp32", progress=False,
+                 callbacks=[_stop_after(max_steps)])
+        return adapter_state_dict(model)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(4, resume=False)  # killed after step 4: the last checkpoint is step 3
+    resumed = run(None, resume=True)
+    (tmp_path / "run").rename(tmp_path / "first")
+    straight = run(None, resume=False)
+    assert resumed.keys() == straight.keys()
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0)
+
+
+def _stop_after(step):
+    def callback(row):
+        if step is not None and row["step"] == step:
+            raise KeyboardInterrupt
+    return callback

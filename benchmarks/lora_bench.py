@@ -142,7 +142,9 @@ def main(argv=None) -> dict:
     records = lora_training_records(settings, profile)
     train_set = SFTDataset(records, tokenizer, settings.seq_len, progress=False)
     load_before = os.getloadavg()[0]
-    result = {"profile": profile.name, "init": str(args.init), "steps": settings.max_steps,
+    init = args.init.resolve()
+    shown = init.relative_to(REPO_ROOT) if init.is_relative_to(REPO_ROOT) else init
+    result = {"profile": profile.name, "init": str(shown), "steps": settings.max_steps,
               "batch_size": settings.batch_size, "replay": settings.replay,
               "rank": settings.rank, "alpha": settings.alpha,
               "target_modules": list(settings.target_modules), "per_task": per_task,

@@ -50,9 +50,11 @@ from minimind_lib.train import TrainConfig, make_optimizer, train
 REFERENCE = REPO_ROOT / "data" / "reference" / "sft"
 
 
-def make_arm(name, start, settings):
-    """A copy of ``start``: all weights trainable (full), or with the settings' adapters."""
+def make_arm(name, start, settings, seed):
+    """A copy of ``start``: all weights trainable (full), or with the settings' adapters (their
+    random ``A`` drawn after seeding, as the lora stage does)."""
     model = copy.deepcopy(start).train()
+    seed_everything(seed)
     if name == "lora":
         add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
                  target_modules=settings.target_modules)
@@ -151,8 +153,8 @@ def main(argv=None) -> dict:
               "arms": {"start": {"exact_match": {}}}, "device": str(device),
               "threads": torch.get_num_threads()}
     scores = {"start": evaluate(start, tokenizer, per_task)}
-    arms = {"full": (make_arm("full", start, settings), full_lr),
-            "lora": (make_arm("lora", start, settings), settings.learning_rate)}
+    arms = {"full": (make_arm("full", start, settings, profile.seed), full_lr),
+            "lora": (make_arm("lora", start, settings, profile.seed), settings.learning_rate)}
     batch = train_set.collate([train_set[i] for i in range(settings.batch_size)])
     for name, (model, lr) in arms.items():
         counts = count_parameters(model)
@@ -171,7 +173,7 @@ def main(argv=None) -> dict:
                                 "final_val_loss": rows[-1].get("val_loss"),
                                 "exact_match": {}}
         print(f"{name}: {counts}; {seconds:.0f} s for {len(rows)} steps", flush=True)
-    speeds = seconds_per_step({n: (make_arm(n, start, settings), lr)
+    speeds = seconds_per_step({n: (make_arm(n, start, settings, profile.seed), lr)
                                for n, (_, lr) in arms.items()},
                               train_set, settings, args.rounds, args.speed_steps, profile.seed,
                               device)

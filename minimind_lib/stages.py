@@ -445,6 +445,7 @@ def lora_stage(ctx: StageContext) -> dict:
     tokenizer, start = ctx.tokenizer(), ctx.start_dir()
     model = load_model(start)
     before = _lora_eval(model, tokenizer, ctx, _stored_eval(start, profile.eval_per_task))
+    seed_everything(profile.seed)  # the adapters' random A: the same run, the same start
     adapted = add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
                        target_modules=settings.target_modules)
     counts = count_parameters(model)

@@ -284,9 +284,15 @@ def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_run
 
     root = tmp_path / "runs"
     shutil.copytree(smoke_runs, root)
-    assert main(["lora", "--profile", "smoke", "--out", str(root), "--no-progress",
-                 "--set", "lora.max_steps=6", "--set", "lora.eval_every=3",
-                 "--set", "lora.replay=0.25", "--set", "eval_per_task=2"]) == 0
+    args = ["lora", "--profile", "smoke", "--out", str(root), "--no-progress",
+            "--set", "lora.max_steps=6", "--set", "lora.eval_every=3",
+            "--set", "lora.replay=0.25", "--set", "eval_per_task=2"]
+    assert main(args) == 0
+    first = safetensors.torch.load_file(str(root / "lora" / ADAPTER_WEIGHTS_FILE))
+    torch.rand(7)  # whatever ran before in the process, the same run gives the same adapters
+    assert main(args) == 0  # a named stage always runs (the first run moves to previous/)
+    again = safetensors.torch.load_file(str(root / "lora" / ADAPTER_WEIGHTS_FILE))
+    assert all(torch.equal(first[k], again[k]) for k in first)
     out = root / "lora"
     merged = load_model(out / "merged")
     assert (out / "merged" / "tokenizer.json").is_file()

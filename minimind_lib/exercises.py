@@ -635,3 +635,59 @@ def _splice(answer):
     assert torch.equal(got, splice(embeds, ids, images)), (
         "row b's slots must hold image_embeds[b] in order, and every other position keep "
         "its token embedding")
+
+
+# --- notebook 09: LoRA ----------------------------------------------------------------------
+
+
+def _lora_case():
+    """Small random tensors for the LoRA checks: x (2, 3, 8), W (6, 8), A (2, 8), B (6, 2)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(9)
+    shapes = ((2, 3, 8), (6, 8), (2, 8), (6, 2))
+    return [torch.randn(s, generator=gen) for s in shapes]
+
+
+@check("09.1")
+def _lora_forward(answer) -> None:
+    """``answer(x, W, A, B, alpha)``: the adapted layer's output, ``x W^T + (alpha/r) x A^T B^T``."""
+    import torch
+
+    x, W, A, B = _lora_case()
+    want = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T  # (2, 3, 6)
+    got = answer(x, W, A, B, 4.0)
+    assert tuple(got.shape) == tuple(want.shape), f"shape {tuple(got.shape)}, want (2, 3, 6)"
+    assert torch.allclose(got, want, atol=1e-5), ("wrong values: is the update scaled by "
+                                                  "alpha / r, with r = A.shape[0]?")
+
+
+@check("09.2")
+def _lora_merge(answer) -> None:
+    """``answer(W, A, B, alpha)``: the merged weight ``W + (alpha/r) B A``, shape of W."""
+    import torch
+
+    x, W, A, B = _lora_case()
+    got = answer(W, A, B, 4.0)
+    assert tuple(got.shape) == tuple(W.shape), f"shape {tuple(got.shape)}, want {tuple(W.shape)}"
+    unmerged = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T
+    assert torch.allclose(x @ got.T, unmerged, atol=1e-5), ("x @ merged.T differs from the "
+                                                           "adapted layer's output")
+
+
+@check("09.3")
+def _lora_count(answer) -> None:
+    """``answer(config, rank, targets)``: trainable LoRA parameters of a MiniMind model."""
+    from minimind_lib.lora import add_lora, count_parameters
+    from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+
+    for heads, kv_heads, targets in ((4, 4, ("q_proj", "v_proj")),
+                                     (4, 2, ("k_proj", "o_proj", "down_proj"))):
+        config = MiniMindConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=heads, num_key_value_heads=kv_heads)
+        model = MiniMindForCausalLM(config)
+        add_lora(model, rank=4, alpha=8, target_modules=targets)
+        want = count_parameters(model).trainable
+        got = answer(config, 4, targets)
+        assert got == want, (f"{got:,} for {targets} with {kv_heads} of {heads} heads as kv "
+                             f"heads; want {want:,} (r (d_in + d_out) per matrix)")

@@ -33,6 +33,10 @@ VLM_DIR = "vlm"  # <out>/vision/vlm/: the vision-language model (a VLM folder)
 CLIP_CONFIG_FILE = "clip_config.json"  # a CLIP folder: the CLIPConfig (+ model.safetensors)
 VISION_FILE = "vision.safetensors"  # a VLM folder: image encoder + projector weights
 VISION_CONFIG_FILE = "vision.json"  # a VLM folder: their config (+ the LM's own files)
+# --- a LoRA adapter folder (``lora.save_adapter``: PEFT's file names) ------------------------
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's LoraConfig fields
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"  # base_model.model.<module>.lora_A.weight ...
+MERGED_DIR = "merged"  # the lora stage's merged model (a model folder)
 
 # --- a training run (``train.train``) -------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"  # one json object per optimizer step

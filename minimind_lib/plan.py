@@ -181,7 +181,7 @@ def plan(profile: Profile, *, cpu_probe: bool = True,
     if cpu_probe:
         rates["this CPU"] = cpu_flops_per_second(profile)
     stages = {}
-    for stage in TRAINING_STAGES:
+    for stage in (s for s in TRAINING_STAGES if s in _COUNTERS):  # lora's data is generated
         p = stage_plan(stage, profile, tokenizer)
         stages[stage] = {**asdict(p), "seconds": {name: p.seconds(r) for name, r in rates.items()}}
     return {"profile": profile.name, "gpu_mfu_assumed": GPU_MFU, "gpu_tflops": GPU_TFLOPS,

@@ -48,6 +48,7 @@ else:  # pragma: no cover - Python 3.10
 from minimind_lib import REPO_ROOT
 from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
+from minimind_lib.lora import LoRASettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
 from minimind_lib.vlm import VisionSettings
@@ -56,14 +57,14 @@ PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
 #: The training stages whose settings a profile holds, in order.
-TRAINING_STAGES = ("pretrain", "sft", "dpo")
+TRAINING_STAGES = ("pretrain", "sft", "dpo", "lora")
 
 
 @dataclass(frozen=True)
 class Profile:
     """Everything that differs between CI, a laptop and a GPU: the model, the hyper-parameters
-    of each training stage (``train.TrainSettings``; DPO's add ``beta``), how the engine runs
-    (``train.RunOptions``) and which data it needs.
+    of each training stage (``train.TrainSettings``; DPO's add ``beta``, LoRA's the adapter's
+    shape), how the engine runs (``train.RunOptions``) and which data it needs.
 
     ``needs_minimind_data``: the profile trains on MiniMind's datasets (``$MINIMIND_DATA_DIR``,
     else ``data/minimind/`` where ``download data`` puts them); otherwise on the data present
@@ -76,6 +77,7 @@ class Profile:
     pretrain: TrainSettings
     sft: TrainSettings
     dpo: DPOSettings
+    lora: LoRASettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     seed: int = 42
     vision: VisionSettings = field(default_factory=VisionSettings)  # the vision stage (notebook 13)
@@ -112,6 +114,9 @@ def _smoke() -> Profile:
         # points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over three seeds
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
+        lora=LoRASettings(batch_size=16, seq_len=96, learning_rate=5e-3, max_steps=40,
+                          warmup_steps=5, weight_decay=0.0, eval_every=10, save_every=40,
+                          max_examples=2000, replay=0.5),
         eval_per_task=20,
         # vision (notebook 13): seconds, not quality. Measured on the smoke sft model: 60 VLM
         # steps at lr 1e-3 left it babbling (VQA 2%); 150 at 3e-3 answer in format (~chance)
@@ -135,10 +140,25 @@ def _cpu() -> Profile:
                           warmup_steps=50, eval_every=200, save_every=400),
         dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
                         warmup_steps=20, eval_every=50, save_every=200),
+        # measured (benchmarks/lora_bench.py, docs/benchmarks.md): at 300 steps LoRA had
+        # learnt one direction of the new task (digits_to_hanzi 3-37%), at 600 both; without
+        # replay both arms forgot the SFT skills (exact-match 34% -> 0%), with half the
+        # conversations replayed LoRA kept them. 96 tokens fit every bundled conversation.
+        lora=LoRASettings(batch_size=16, seq_len=96, learning_rate=5e-3, max_steps=600,
+                          warmup_steps=20, weight_decay=0.0, eval_every=100, save_every=600,
+                          replay=0.5),
         eval_per_task=100,
         vision=VisionSettings(train_images=20000, eval_images=100, clip_steps=800,
                               clip_batch_size=128, vlm_steps=400, vlm_batch_size=16),
     )
+
+
+# The cpu profile's LoRA run (measured there) on a twice as large batch of up to 512 tokens
+# (MiniMind's SFT conversations are longer), at half its learning rate as the gpu SFT's is
+# half the cpu's: not measured on a GPU.
+_GPU_LORA = LoRASettings(batch_size=32, seq_len=512, learning_rate=2.5e-3, max_steps=600,
+                         warmup_steps=20, weight_decay=0.0, eval_every=100, save_every=600,
+                         replay=0.5)
 
 
 def _gpu() -> Profile:
@@ -157,6 +177,7 @@ def _gpu() -> Profile:
                           max_steps=2000, warmup_steps=50, eval_every=200, save_every=500),
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
                         max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
+        lora=_GPU_LORA,
         eval_per_task=100,
         vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
                               vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
@@ -180,6 +201,7 @@ def _full() -> Profile:
                           max_steps=None, warmup_steps=100, eval_every=500, save_every=1000),
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
                         warmup_steps=50, eval_every=100, save_every=500),
+        lora=_GPU_LORA,
         eval_per_task=200,
         vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
                               vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
@@ -249,6 +271,8 @@ def _as(value: object, kind: object) -> object:
     if get_origin(kind) is tuple:
         parts = value.split(",") if isinstance(value, str) else list(value)
         args = get_args(kind)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[str, ...]: any number of values
+            return tuple(_as(p.strip() if isinstance(p, str) else p, args[0]) for p in parts)
         if len(parts) != len(args):
             raise ValueError(f"expected {len(args)} comma-separated values")
         return tuple(_as(p, a) for p, a in zip(parts, args, strict=True))

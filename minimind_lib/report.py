@@ -42,6 +42,7 @@ TRAINING_STAGES = {  # stage -> extra metrics plotted beside loss and learning r
     "pretrain": (),
     "sft": (),
     "dpo": ("reward_margin", "reward_accuracy"),
+    "lora": (),
 }
 
 
@@ -104,6 +105,20 @@ def _dpo_preferences(root: Path) -> str | None:
     return preference_table(results)
 
 
+def _lora_section(root: Path) -> str:
+    """The lora stage's adapter, loss curve and held-out questions before and after."""
+    summary = read_marker(root / "lora")["summary"]
+    figure = _figure(root, "lora")
+    lines = [f"Rank {summary['rank']} adapters on {', '.join(summary['target_modules'])}: "
+             f"{summary['trainable_parameters']:,} trainable of {summary['total_parameters']:,} "
+             f"parameters ({summary['trainable_parameters'] / summary['total_parameters']:.2%}).",
+             "", f"![lora loss]({figure})" if figure else "(no lora metrics)", ""]
+    if (root / "lora" / EVAL_FILE).is_file():
+        lines += ["Held-out questions of the new task (family `domain`) and of the SFT tasks:",
+                  "", eval_report(read_eval(root / "lora"))]
+    return "\n".join(lines)
+
+
 def write_report(root: str | os.PathLike, profile_name: str | None = None,
                  wall_seconds: float | None = None) -> Path:
     """Write ``<root>/report.md`` (and the figures) from the stage folders under ``root``."""
@@ -145,6 +160,9 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
                                metrics=("exact_match", "format_rate")), ""]
     else:
         out += ["(the quantize stage has not run yet)", ""]
+
+    if read_marker(root / "lora") is not None:  # an optional stage: reported once it ran
+        out += ["## LoRA", "", _lora_section(root), ""]
 
     path = root / REPORT_FILE
     atomic_write_text(path, "\n".join(out))

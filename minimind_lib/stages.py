@@ -17,13 +17,14 @@ A new stage goes here::
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
-['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize', 'vision']
+['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize', 'vision', 'lora']
 >>> STAGES["sft"].requires, STAGES["sft"].starts_from
 (('tokenizer', 'pretrain'), 'pretrain')
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Callable
@@ -36,20 +37,25 @@ import torch.distributed as dist
 from minimind_lib.checkpoint import load_model, save_model
 from minimind_lib.data import dataset_files, load_pretrain_split, tokenize_corpus
 from minimind_lib.device import seed_everything
+from minimind_lib.domain import task_records
 from minimind_lib.dpo import DPODataset, evaluate_preferences, held_out_pairs, train_dpo
 from minimind_lib.evaluate import (
     ModelEval,
     eval_report,
     evaluate_model,
+    evaluate_sft,
     read_eval,
     summarize,
     summarize_preferences,
 )
 from minimind_lib.files import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
     CLIP_DIR,
     EVAL_FILE,
     FORMATS_FILE,
     MARKER_FILE,
+    MERGED_DIR,
     METRICS_FILE,
     PRETOKENIZED_META,
     RUN_CONFIG_FILE,
@@ -59,11 +65,21 @@ from minimind_lib.files import (
     read_json_lines,
 )
 from minimind_lib.formats import formats_table, measure_formats
+from minimind_lib.hf import TOKENIZER_FILES
+from minimind_lib.lora import (
+    LoRASettings,
+    add_lora,
+    count_parameters,
+    finetune,
+    merge_lora,
+    save_adapter,
+    with_replay,
+)
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile
 from minimind_lib.quantize import FORMAT as INT8_FORMAT
 from minimind_lib.quantize import quantize_int8
-from minimind_lib.sft import train_sft
+from minimind_lib.sft import sft_records, train_sft
 from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, BPETokenizer
 from minimind_lib.train import TrainConfig, init_distributed, train
 from minimind_lib.vision import CLIP, save_clip
@@ -340,7 +356,7 @@ def quantize_stage(ctx: StageContext) -> dict:
         if not torch.equal(load_model(ctx.out_dir)(probe).logits, qmodel(probe).logits):
             raise RuntimeError(f"{ctx.out_dir}: the reloaded int8 model differs from the saved one")
     for f in sorted(ctx.dir("tokenizer").glob("*.json")):
-        if f.name != MARKER_FILE:
+        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):  # the folder is self-contained
             shutil.copyfile(f, ctx.out_dir / f.name)
 
     result = measure_formats(model, ctx.tokenizer(), eval_per_task=profile.eval_per_task,
@@ -362,6 +378,8 @@ def quantize_stage(ctx: StageContext) -> dict:
             "exact_match": {r.name: r.metrics["exact_match"] for r in done},
             "skipped": {r.name: r.note for r in rows if r.note}}
 
+
+# --- optional stages (not part of `all`) ------------------------------------------------------
 
 @register("vision", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
           description="a tiny CLIP on synthetic pictures, then a MiniMind-V style VLM on the SFT "
@@ -406,3 +424,106 @@ def vision_stage(ctx: StageContext) -> dict:
         "eval": EVAL_FILE, "metrics": METRICS_FILE, "models": [CLIP_DIR, VLM_DIR],
         "final_loss": {phase: next(r["loss"] for r in reversed(rows) if r["phase"] == phase)
                        for phase in (CLIP_DIR, VLM_DIR)}}
+#: Training conversations per task of the lora stage's generated data (minimind_lib.domain).
+LORA_TRAIN_PER_TASK = 5000
+#: The SFT conversations the lora stage's replay samples from: the first ones of the files.
+REPLAY_POOL = 20_000
+
+
+def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict]:
+    """The lora stage's training conversations: the new task's (``domain.task_records``),
+    plus ``settings.replay`` of them from the profile's SFT data (``lora.with_replay``)."""
+    new = task_records("train", LORA_TRAIN_PER_TASK, profile.seed)
+    if settings.replay == 0:
+        return new
+    old = list(itertools.islice(sft_records(dataset_files("sft", profile.data_dir)),
+                                REPLAY_POOL))
+    return with_replay(new, old, settings.replay, profile.seed)
+
+
+def _lora_eval(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext,
+               measured: ModelEval | None = None) -> ModelEval:
+    """Held-out questions of the new task family (``domain.task_records("eval")``) beside the
+    SFT's held-out tasks, perplexity and bits per byte (``measured``: those, when known)."""
+    base = measured or _evaluate(model, tokenizer, ctx)
+    domain = evaluate_sft(model, tokenizer, task_records("eval", ctx.profile.eval_per_task),
+                          progress=ctx.progress)
+    return ModelEval({**base.tasks, **domain}, base.perplexity, base.bits_per_byte)
+
+
+def _stored_eval(start: Path, per_task: int) -> ModelEval | None:
+    """The start model's own held-out record, when its folder's ``eval.json`` has one over
+    ``per_task`` questions a task: the entry named by its ``stage.json`` (a stage folder), or
+    the only entry (data/reference/sft). Otherwise None: measure it."""
+    path = start / EVAL_FILE
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    models = stored.get("models", {})
+    marker = read_marker(start)
+    name = marker["stage"] if marker else next(iter(models)) if len(models) == 1 else None
+    if stored.get("per_task") != per_task or name not in models:
+        return None
+    return ModelEval.from_dict(models[name])
+
+
+def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCausalLM:
+    """Fold the adapters into the weights and save the result in ``merged/`` (a model folder
+    with the tokenizer files); refuse if it does not compute what the adapted model did."""
+    probe = torch.arange(min(32, model.config.vocab_size))[None]  # (1, 32)
+    with torch.no_grad():
+        adapted = model.eval()(probe).logits  # (1, 32, V)
+        merged = merge_lora(model).eval()
+        # the same sums in another order (x W^T + s x A^T B^T vs x (W + s B A)^T): fp32
+        # rounding, ~1e-6 of the logits' scale; 1e-4 of it flags a real difference
+        tolerance = 1e-4 * max(1.0, adapted.abs().max().item())
+        if (merged(probe).logits - adapted).abs().max().item() > tolerance:
+            raise RuntimeError("the merged model's logits differ from the adapted model's")
+    merged_dir = ctx.out_dir / MERGED_DIR
+    save_model(merged, merged_dir)
+    for name in TOKENIZER_FILES:  # so `serve --model <out>/lora/merged` finds its tokenizer
+        if (ctx.dir("tokenizer") / name).is_file():
+            shutil.copyfile(ctx.dir("tokenizer") / name, merged_dir / name)
+    return merged
+
+
+@register("lora", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          sources=training_data("sft"),
+          description="LoRA fine-tune of the SFT model on a new task (codes read in Chinese "
+                      "numerals and back); the adapter in PEFT's format, the merged model in "
+                      "merged/; evaluates before and after")
+def lora_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft, or ``--init DIR``) + LoRA adapters trained with
+    ``profile.lora`` on the generated task family of ``minimind_lib.domain`` -> ``ctx.out_dir``:
+    ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT's format), ``merged/`` (the
+    model with the adapters folded in: a ``load_model`` folder, tokenizer files beside it),
+    ``metrics.jsonl`` and ``eval.json`` (the new task's and the SFT tasks' held-out questions,
+    before and after: what was learnt, and what was forgotten)."""
+    profile, settings = ctx.profile, ctx.profile.lora
+    tokenizer, start = ctx.tokenizer(), ctx.start_dir()
+    model = load_model(start)
+    before = _lora_eval(model, tokenizer, ctx, _stored_eval(start, profile.eval_per_task))
+    seed_everything(profile.seed)  # the adapters' random A: the same run, the same start
+    adapted = add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
+                       target_modules=settings.target_modules)
+    counts = count_parameters(model)
+    print(f"LoRA r={settings.rank} on {len(adapted)} projections: {counts}")
+    rows = finetune(model, tokenizer, lora_training_records(settings, profile), settings,
+                    seed=profile.seed,
+                    eval_records=task_records("eval", profile.eval_per_task),
+                    options=profile.train, out_dir=ctx.out_dir, resume=ctx.resume,
+                    precision=ctx.precision, device=ctx.device, progress=ctx.progress,
+                    callbacks=ctx.callbacks)
+    model = model.cpu()
+    save_adapter(model, ctx.out_dir, base_model_name_or_path=str(start))
+    merged = _save_merged(model, ctx)
+    evals = {"sft": before, "lora": _lora_eval(merged, tokenizer, ctx)}
+    adapter = {"rank": settings.rank, "alpha": settings.alpha,
+               "target_modules": list(settings.target_modules),
+               "trainable_parameters": counts.trainable, "total_parameters": counts.total}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals, adapter=adapter)
+    print(eval_report(evals))
+    return {**_training_summary(rows), **adapter, "eval": EVAL_FILE,
+            "adapter_files": [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE], "merged": MERGED_DIR,
+            "exact_match": {n: {fam: s.exact_match for fam, s in summarize(e.tasks).items()}
+                            for n, e in evals.items()}}

@@ -191,6 +191,12 @@ WRONG: dict[str, object] = {
     "13.2": lambda s: (s.argmax(dim=1) == torch.arange(len(s))).float().mean(),
     # 13.3: every slot gets the mean of the picture's vectors
     "13.3": lambda e, i, m: torch.where((i == -200)[..., None], m.mean(1, keepdim=True), e),
+    # 09: LoRA without the alpha / r scaling; scaled by alpha, not alpha / r; every matrix
+    # taken as square (hidden x hidden), which GQA's k/v and the MLP's are not
+    "09.1": lambda x, W, A, B, alpha: x @ W.T + (x @ A.T) @ B.T,
+    "09.2": lambda W, A, B, alpha: W + alpha * B @ A,
+    "09.3": lambda config, rank, targets: (config.num_hidden_layers * len(targets) * rank
+                                           * 2 * config.hidden_size),
 }
 
 

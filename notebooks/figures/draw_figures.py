@@ -690,6 +690,84 @@ def fig_alibi() -> plt.Figure:
     return fig
 
 
+LORA_FROZEN, LORA_TRAINED, LORA_TEXT = "#c9ccd1", "#8fd18a", "#222222"
+
+
+def _lora_box(ax, x, y, w, h, color, label, sub=""):
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="#555555", lw=1.2))
+    ax.text(x + w / 2, y + h / 2 + (0.12 if sub else 0), label, ha="center", va="center",
+            fontsize=13, color=LORA_TEXT, weight="bold")
+    if sub:
+        ax.text(x + w / 2, y + h / 2 - 0.22, sub, ha="center", va="center", fontsize=9,
+                color=LORA_TEXT)
+
+
+def _lora_arrow(ax, start, end, text="", offset=(0.0, 0.12)):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, lw=1.2,
+                                 color="#444444"))
+    if text:
+        ax.text((start[0] + end[0]) / 2 + offset[0], (start[1] + end[1]) / 2 + offset[1], text,
+                ha="center", va="bottom", fontsize=9, color="#444444")
+
+
+@figure
+def fig_lora_layer() -> plt.Figure:
+    """Notebook 09: a LoRA layer, the frozen W0 beside the trained A and B (Hu et al. 2021)."""
+    fig, ax = plt.subplots(figsize=(8.6, 3.6))
+    ax.set(xlim=(0, 10), ylim=(0, 4.2))
+    ax.axis("off")
+    ax.text(0.45, 2.1, "x", fontsize=16, ha="center", va="center", style="italic")
+    _lora_box(ax, 2.3, 2.5, 2.6, 1.3, LORA_FROZEN, "W₀", "d × k, frozen")
+    _lora_box(ax, 2.3, 0.4, 1.0, 1.3, LORA_TRAINED, "A", "r × k")
+    _lora_box(ax, 4.3, 0.4, 1.0, 1.3, LORA_TRAINED, "B", "d × r")
+    ax.text(4.8, 0.15, "starts at 0", ha="center", va="center", fontsize=9)
+    ax.text(6.1, 1.05, "× α / r", fontsize=12, ha="center", va="center")
+    ax.add_patch(plt.Circle((7.6, 2.1), 0.28, facecolor="white", edgecolor="#444444"))
+    ax.text(7.6, 2.1, "+", fontsize=16, ha="center", va="center")
+    ax.text(9.4, 2.1, "h", fontsize=16, ha="center", va="center", style="italic")
+    _lora_arrow(ax, (0.7, 2.25), (2.3, 3.15), "k")
+    _lora_arrow(ax, (0.7, 1.95), (2.3, 1.05), "k")
+    _lora_arrow(ax, (3.3, 1.05), (4.3, 1.05), "r")
+    _lora_arrow(ax, (5.3, 1.05), (5.7, 1.05))
+    _lora_arrow(ax, (6.5, 1.05), (7.4, 1.9), "d")
+    _lora_arrow(ax, (4.9, 3.15), (7.4, 2.3), "d")
+    _lora_arrow(ax, (7.88, 2.1), (9.2, 2.1))
+    ax.text(5.0, 4.05, "h = W₀x + (α/r)·B·A·x   (Hu et al. 2021, eq. 3)", ha="center",
+            fontsize=12)
+    ax.add_patch(Rectangle((7.2, 0.25), 0.3, 0.25, facecolor=LORA_FROZEN, edgecolor="#555555"))
+    ax.text(7.6, 0.37, "frozen", va="center", fontsize=9)
+    ax.add_patch(Rectangle((8.5, 0.25), 0.3, 0.25, facecolor=LORA_TRAINED, edgecolor="#555555"))
+    ax.text(8.9, 0.37, "trained", va="center", fontsize=9)
+    return fig
+
+
+@figure
+def fig_lora_merge() -> plt.Figure:
+    """Notebook 09: merging folds (alpha/r) B A into W0; one 256 x 256 projection, r = 8."""
+    d, k, r = 256, 256, 8
+    scale = 3.0 / d  # figure units per matrix row or column
+    fig, ax = plt.subplots(figsize=(9.6, 3.6))
+    ax.set(xlim=(0, 14.2), ylim=(-0.8, 4.0))
+    ax.axis("off")
+    y = 0.2
+    _lora_box(ax, 0.2, y, k * scale, d * scale, LORA_FROZEN, "W₀", f"{d} × {k}")
+    ax.text(3.7, y + 1.5, "+  α/r ·", fontsize=14, ha="center", va="center")
+    _lora_box(ax, 4.6, y, r * scale * 4, d * scale, LORA_TRAINED, "B", "")
+    ax.text(4.6 + r * scale * 2, y - 0.3, f"{d} × {r}", ha="center", fontsize=9)
+    _lora_box(ax, 5.3, y + d * scale - r * scale * 4, k * scale, r * scale * 4, LORA_TRAINED, "A", "")
+    ax.text(5.3 + k * scale + 0.1, y + d * scale - r * scale * 2, f"{r} × {k}", va="center",
+            fontsize=9)
+    ax.text(9.0, y + 1.5, "=", fontsize=16, ha="center", va="center")
+    _lora_box(ax, 9.6, y, k * scale, d * scale, "#b9d7ea", "W", f"{d} × {k}, plain")
+    n_full, n_lora = d * k, r * (d + k)
+    ax.text(7.1, -0.6, f"trainable: r(d + k) = {n_lora:,} instead of d·k = {n_full:,} "
+            f"({n_lora / n_full:.1%}); after merging, the model is as fast as before",
+            ha="center", fontsize=10)
+    ax.text(7.1, 3.8, "merge: fold the update into the weight (B drawn 4× wider, A 4× "
+            "taller, to be seen)", ha="center", fontsize=10)
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------
 
 

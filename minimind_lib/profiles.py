@@ -48,6 +48,7 @@ else:  # pragma: no cover - Python 3.10
 from minimind_lib import REPO_ROOT
 from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
+from minimind_lib.grpo import GRPOSettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
 
@@ -55,13 +56,13 @@ PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
 #: The training stages whose settings a profile holds, in order.
-TRAINING_STAGES = ("pretrain", "sft", "dpo")
+TRAINING_STAGES = ("pretrain", "sft", "dpo", "grpo")
 
 
 @dataclass(frozen=True)
 class Profile:
     """Everything that differs between CI, a laptop and a GPU: the model, the hyper-parameters
-    of each training stage (``train.TrainSettings``; DPO's add ``beta``), how the engine runs
+    of each training stage (``train.TrainSettings``; DPO's and GRPO's add their own), how the engine runs
     (``train.RunOptions``) and which data it needs.
 
     ``needs_minimind_data``: the profile trains on MiniMind's datasets (``$MINIMIND_DATA_DIR``,
@@ -76,6 +77,7 @@ class Profile:
     sft: TrainSettings
     dpo: DPOSettings
     eval_per_task: int  # held-out questions per task type used by evaluations
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
     seed: int = 42
     train: RunOptions = field(default_factory=RunOptions)
     needs_minimind_data: bool = False

@@ -35,6 +35,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
+from minimind_lib.dpo import answer_logprobs, dpo_loss, pick_pair
+from minimind_lib.grpo import grpo_loss
+
 #: exercise id ("01.2": notebook 01, exercise 2) -> its check
 CHECKS: dict[str, Callable[[object], None]] = {}
 
@@ -63,3 +68,94 @@ def exercise(exercise_id: str, answer: object) -> bool:
         return False
     print(f"exercise {exercise_id}: correct")
     return True
+
+
+# --- notebook 06: DPO ------------------------------------------------------------------------
+
+
+@check("06.1")
+def _dpo_gradient_weight(grad_weight) -> None:
+    """``grad_weight(margin, beta, B)`` == d loss / d log pi(y_w|x) of each pair (eq. 8)."""
+    g = torch.Generator().manual_seed(1)
+    pi_w = (-30 * torch.rand(6, generator=g)).requires_grad_()
+    pi_l, ref_w, ref_l = (-30 * torch.rand(6, generator=g) for _ in range(3))
+    for beta in (0.1, 0.7):
+        loss, rw, rl = dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)
+        (grad,) = torch.autograd.grad(loss, pi_w)
+        got = torch.as_tensor(grad_weight(rw - rl, beta, 6), dtype=grad.dtype)
+        assert got.shape == grad.shape, f"expected shape {tuple(grad.shape)}, got {tuple(got.shape)}"
+        assert torch.allclose(got, grad, atol=1e-6), f"beta={beta}: {got} != autograd {grad}"
+
+
+@check("06.2")
+def _average_logprob(avg_logprob) -> None:
+    """``avg_logprob(logits, labels)`` == the mean log-prob per answer token."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 7, 11, generator=g)
+    labels = torch.tensor([[-100, -100, 4, 5, 6, -100, -100], [-100, 1, 2, 3, 4, 5, 6],
+                           [-100, -100, -100, -100, -100, 9, -100]])
+    expected = answer_logprobs(logits, labels, average=True)
+    got = torch.as_tensor(avg_logprob(logits, labels), dtype=expected.dtype)
+    assert got.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    assert torch.allclose(got, expected, atol=1e-5), f"{got} != {expected} (mean over answer tokens)"
+
+
+@check("06.3")
+def _implicit_reward_accuracy(reward_accuracy) -> None:
+    """``reward_accuracy(policy_logps, reference_logps)``: share of pairs whose chosen answer
+    gained more log-prob (relative to the reference) than the rejected one; ties are wrong."""
+    policy = torch.tensor([[-1.0, -2.0], [-3.0, -2.0], [-1.0, -5.0], [-2.0, -2.0]])
+    reference = torch.tensor([[-1.0, -1.0], [-4.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]])
+    got = float(reward_accuracy(policy, reference))
+    assert abs(got - 0.75) < 1e-6, f"got {got}; expected 0.75 (3 of 4 pairs; a tie counts as wrong)"
+
+
+@check("06.4")
+def _on_policy_pair(pick) -> None:
+    """``pick(correct)`` -> (chosen index or None, rejected index), or None: the on-policy rule."""
+    for correct in ([False, True, False], [True, False, True], [False, False], [True, True],
+                    [True, True, False], [False, True, True]):
+        assert pick(correct) == pick_pair(correct), \
+            f"pick({correct}) = {pick(correct)}, expected {pick_pair(correct)}"
+
+
+# --- notebook 10: GRPO -----------------------------------------------------------------------
+
+
+@check("10.1")
+def _leave_one_out_advantages(rloo) -> None:
+    """``rloo(rewards)`` (P, G) -> advantages: each reward minus the mean of the *other*
+    G - 1 rewards of its group (RLOO, Ahmadian et al. 2024)."""
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.0]])
+    expected = torch.tensor([[r - (sum(row) - r) / 3 for r in row] for row in rewards.tolist()])
+    got = torch.as_tensor(rloo(rewards), dtype=expected.dtype)
+    assert got.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    assert torch.allclose(got, expected, atol=1e-6), f"{got}\n!= {expected}"
+
+
+@check("10.2")
+def _kl_k2(k2) -> None:
+    """``k2(logp, ref_logp)`` = 0.5 (logp - ref_logp)^2 per token (Schulman's k2)."""
+    logp = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    ref = torch.tensor([-1.5, -1.0, -0.5, -0.2])
+    expected = 0.5 * (logp - ref) ** 2
+    got = torch.as_tensor(k2(logp, ref), dtype=expected.dtype)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-6), \
+        f"{got} != {expected}"
+
+
+@check("10.3")
+def _clip_fraction(clip_fraction) -> None:
+    """``clip_fraction(ratio, advantages, mask, eps)``: share of answer tokens where the clipped
+    term is the smaller one (where PPO's objective stops the gradient)."""
+    g = torch.Generator().manual_seed(3)
+    ratio = 0.6 + 0.8 * torch.rand(4, 6, generator=g)  # (B, T) around 1
+    advantages = torch.tensor([1.0, -1.0, 0.5, -2.0])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0],
+                         [1, 1, 1, 0, 0, 0]]).bool()
+    for eps in (0.1, 0.2):
+        _, metrics = grpo_loss(ratio.log(), torch.zeros(4, 6), None, advantages, mask,
+                               clip_eps=eps)
+        got = float(clip_fraction(ratio, advantages, mask, eps))
+        expected = metrics["clip_fraction"].item()
+        assert abs(got - expected) < 1e-6, f"eps={eps}: got {got}, expected {expected}"

@@ -9,15 +9,31 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from minimind_lib import REPO_ROOT
+from minimind_lib.dpo import answer_logprobs
 from minimind_lib.exercises import CHECKS, exercise
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CALL = re.compile(r"""exercise\(\s*["'](\d\d\.\d+)["']""")
 
 #: exercise id -> a plausible wrong answer (added with each exercise)
-WRONG: dict[str, object] = {}
+WRONG: dict[str, object] = {
+    # notebook 06: the sign of eq. 8 flipped; the sum instead of the mean; >= counts ties;
+    # the greedy answer is not preferred as the rejected one
+    "06.1": lambda margin, beta, B: beta / B * torch.sigmoid(-margin),
+    "06.2": lambda logits, labels: answer_logprobs(logits, labels),
+    "06.3": lambda pol, ref: ((pol - ref)[:, 0] >= (pol - ref)[:, 1]).float().mean(),
+    "06.4": lambda correct: (None if all(correct) else
+                             (correct.index(True) if any(correct) else None,
+                              len(correct) - 1 - correct[::-1].index(False))),
+    # notebook 10: the mean of the whole group as baseline; k1 instead of k2; clipping
+    # counted wherever the ratio leaves [1 - eps, 1 + eps], whatever the advantage's sign
+    "10.1": lambda rewards: rewards - rewards.mean(dim=1, keepdim=True),
+    "10.2": lambda logp, ref: logp - ref,
+    "10.3": lambda ratio, adv, mask, eps: (((ratio - 1).abs() > eps) & mask).sum() / mask.sum(),
+}
 
 
 def _asked(notebook: Path) -> set[str]:

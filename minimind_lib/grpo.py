@@ -104,6 +104,7 @@ class GRPOSettings(TrainSettings):
     scale_rewards: bool = True  # divide advantages by the group's std (False: Dr. GRPO)
     length_norm: str = "sequence"  # "sequence": GRPO's 1/|o_i|; "constant": Dr. GRPO
     policy_epochs: int = 1  # optimizer steps per sampled batch (mu)
+    skip_flat_groups: bool = True  # update only on groups whose rewards differ (see _step)
     tasks: str = "larger_number,arithmetic,first_word"  # task or family names (rollout.select_tasks)
 
     def __post_init__(self) -> None:
@@ -270,6 +271,12 @@ class Rollout:
                 "format_rate": sum(s.answer.follows_format for s in samples) / len(samples),
                 "response_length": sum(len(s.response) for s in samples) / len(samples),
                 "signal": (self.rewards.std(dim=1) > 0).float().mean().item()}
+
+    def with_signal(self) -> Rollout:
+        """Only the groups whose rewards differ (the others have advantage 0 everywhere)."""
+        keep = (self.rewards.std(dim=1) > 0).nonzero().flatten().tolist()
+        return Rollout([self.questions[i] for i in keep], [self.groups[i] for i in keep],
+                       self.rewards[keep], self.advantages[keep])
 
 
 def rollout(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
@@ -439,7 +446,12 @@ def _step(state: _GRPOState, step: int, questions: list[Question], tokenizer: BP
     generator = torch.Generator(state.device).manual_seed(config.seed * 1_000_003 + step)
     with state.precision.context(state.device):
         ro = rollout(state.policy, tokenizer, questions, settings, generator)
-    batches = rollout_batches(ro, settings.batch_size, tokenizer.token_to_id(END_OF_TEXT))
+    # subtle: a group whose answers all earn the same reward has advantage 0: its only gradient
+    # is the KL term's, which is ~0 near the reference. Skipping such groups (DAPO's "dynamic
+    # sampling" without the resampling) saves most of an update when the policy is mostly right
+    kept = ro.with_signal() if settings.skip_flat_groups else ro
+    batches = rollout_batches(kept if kept.groups else ro, settings.batch_size,
+                              tokenizer.token_to_id(END_OF_TEXT))
     if state.reference is not None:
         attach_logprobs(state.reference, batches, "ref_logps", state.device, state.precision)
     if settings.policy_epochs > 1:  # pi_old: the policy that sampled, before any update
@@ -453,6 +465,7 @@ def _step(state: _GRPOState, step: int, questions: list[Question], tokenizer: BP
     state.tokens_seen += sum(r.tokens for r in results)
     values = {k: sum(r.values[k] for r in results) / len(results) for k in results[0].values}
     row = {"step": step + 1, **ro.stats(), **values, "lr": lr, "tokens": state.tokens_seen,
+           "trained_groups": len(kept.groups) if kept.groups else len(ro.groups),
            "sample_s": t1 - t0, "update_s": time.perf_counter() - t1}
     if not all(r.finite for r in results):
         row["skipped"] = True

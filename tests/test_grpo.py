@@ -228,6 +228,16 @@ def test_rollout_batches_label_exactly_the_sampled_answers():
     assert stats["signal"] == 1.0 and stats["reward"] == pytest.approx(1 / 3)
 
 
+def test_only_groups_that_disagree_are_kept_for_the_update():
+    groups = [[_sample(q, q.answer), _sample(q, "1")] for q in QUESTIONS[:3]]
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    ro = Rollout(QUESTIONS[:3], groups, rewards, group_advantages(rewards))
+    kept = ro.with_signal()
+    assert kept.questions == QUESTIONS[:1] and kept.groups == groups[:1]
+    torch.testing.assert_close(kept.advantages, ro.advantages[:1])
+    assert ro.stats()["signal"] == pytest.approx(1 / 3)
+
+
 def test_grpo_loss_on_a_model_at_the_start_is_minus_the_mean_advantage_plus_zero_kl():
     model = tiny_model()
     groups = [[_sample(q, q.answer), _sample(q, "1"), _sample(q, "77")] for q in QUESTIONS[:2]]

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from minimind_lib.dpo import answer_logprobs, dpo_loss, pick_pair
+from minimind_lib.dpo import answer_logprobs, dpo_loss
 from minimind_lib.grpo import grpo_loss
 
 #: exercise id ("01.2": notebook 01, exercise 2) -> its check
@@ -111,12 +111,18 @@ def _implicit_reward_accuracy(reward_accuracy) -> None:
 
 
 @check("06.4")
-def _on_policy_pair(pick) -> None:
-    """``pick(correct)`` -> (chosen index or None, rejected index), or None: the on-policy rule."""
-    for correct in ([False, True, False], [True, False, True], [False, False], [True, True],
-                    [True, True, False], [False, True, True]):
-        assert pick(correct) == pick_pair(correct), \
-            f"pick({correct}) = {pick(correct)}, expected {pick_pair(correct)}"
+def _dpo_with_nll(rpo_loss) -> None:
+    """``rpo_loss(pi_w, pi_l, ref_w, ref_l, n_w, beta, alpha)``: the DPO loss plus ``alpha``
+    times the chosen answers' NLL per token (``n_w`` answer tokens each), as ``DPOLoss`` with
+    ``nll_weight=alpha`` computes it (Pang et al. 2024)."""
+    g = torch.Generator().manual_seed(4)
+    pi_w, pi_l, ref_w, ref_l = (-20 * torch.rand(5, generator=g) for _ in range(4))
+    n_w = torch.tensor([3, 7, 1, 12, 5])
+    for beta, alpha in ((0.1, 1.0), (0.5, 0.3)):
+        expected = dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)[0] + alpha * (-(pi_w / n_w)).mean()
+        got = float(rpo_loss(pi_w, pi_l, ref_w, ref_l, n_w, beta, alpha))
+        assert abs(got - expected.item()) < 1e-5, \
+            f"beta={beta}, alpha={alpha}: got {got:.6f}, expected {expected.item():.6f}"
 
 
 # --- notebook 10: GRPO -----------------------------------------------------------------------

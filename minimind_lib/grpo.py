@@ -353,6 +353,7 @@ def fitting_questions(tokenizer: BPETokenizer, questions: Sequence[Question],
 
 def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
                settings: GRPOSettings, config: TrainConfig, *, resume: bool = False,
+               held_out: Sequence[Question] = (),
                callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
     """GRPO-train ``policy`` in place on ``questions``; return this call's metrics rows.
 
@@ -363,6 +364,8 @@ def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Q
     normalise, score the answers under the frozen reference (the policy as it is now), then
     ``policy_epochs`` optimizer steps with ``train.train_step``. With ``config.out_dir``:
     rows go to ``metrics.jsonl``, checkpoints to ``checkpoints/`` (``resume=True`` continues).
+    With ``held_out`` questions, every ``eval_every`` steps (and at the end) the row also
+    carries ``val_accuracy``: the share answered right greedily, as the evaluation answers.
     """
     questions = fitting_questions(tokenizer, questions, settings)
     if len(questions) < settings.batch_size * settings.accumulation_steps:
@@ -385,6 +388,8 @@ def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Q
     for step in range(state.start_step, config.max_steps):
         chosen = [questions[i] for _ in range(settings.accumulation_steps) for i in next(micro)]
         row = _step(state, step, chosen, tokenizer, settings, config, loss_fn)
+        if held_out and ((step + 1) % config.eval_every == 0 or step + 1 == config.max_steps):
+            row["val_accuracy"] = greedy_accuracy(policy, tokenizer, held_out, settings)
         row["elapsed_s"] = state.elapsed0 + time.perf_counter() - t_start
         bad_streak = bad_streak + 1 if row.get("skipped") else 0
         rows.append(row)
@@ -404,6 +409,15 @@ def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Q
                                    f"the learning rate (now {config.learning_rate:g})")
     bar.close()
     return rows
+
+
+def greedy_accuracy(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
+                    settings: GRPOSettings) -> float:
+    """Share of ``questions`` the model answers right greedily (its evaluation answers)."""
+    answers = sample_answers(model, tokenizer, questions, 1,
+                             max_new_tokens=settings.max_new_tokens, temperature=0.0)
+    return sum(is_correct(a[0].answer, q.answer)
+               for a, q in zip(answers, questions, strict=True)) / len(questions)
 
 
 def _start(policy: nn.Module, settings: GRPOSettings, config: TrainConfig, n_questions: int,

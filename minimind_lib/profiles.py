@@ -108,11 +108,16 @@ def _smoke() -> Profile:
                                warmup_steps=5, eval_every=20, save_every=40, max_examples=3000),
         sft=TrainSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
                           warmup_steps=5, eval_every=20, save_every=40, max_examples=4000),
-        # measured: lr 5e-4 x 30 steps left held-out preference accuracy flat (-0.8..-0.4
-        # points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over three seeds
+        # measured (offline pairs): lr 5e-4 x 30 steps left held-out preference accuracy flat
+        # (-0.8..-0.4 points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over 3 seeds
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
-                        warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
+                        warmup_steps=5, eval_every=40, save_every=120, max_examples=1000,
+                        questions=128, nll_weight=1.0),
         eval_per_task=20,
+        # GRPO needs a model that is sometimes right: notebook 10 starts it from the shipped
+        # cpu-profile model (data/reference/sft) in this profile too; a few steps, as a smoke test
+        grpo=GRPOSettings(batch_size=4, seq_len=128, learning_rate=2e-4, max_steps=10,
+                          warmup_steps=2, eval_every=5, save_every=10),
     )
 
 
@@ -128,9 +133,13 @@ def _cpu() -> Profile:
                                warmup_steps=50, eval_every=100, save_every=400),
         sft=TrainSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
                           warmup_steps=50, eval_every=200, save_every=400),
-        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
-                        warmup_steps=20, eval_every=50, save_every=200),
+        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=3e-4, max_steps=200,
+                        warmup_steps=20, eval_every=50, save_every=200, questions=2000,
+                        tasks="larger_number,arithmetic,first_word,extract_title",
+                        nll_weight=1.0),
         eval_per_task=100,
+        grpo=GRPOSettings(batch_size=16, seq_len=256, learning_rate=2e-4, max_steps=200,
+                          warmup_steps=5, eval_every=20, save_every=100),
     )
 
 
@@ -148,9 +157,13 @@ def _gpu() -> Profile:
                                save_every=500),
         sft=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=3,
                           max_steps=2000, warmup_steps=50, eval_every=200, save_every=500),
-        dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
-                        max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
+        dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, epochs=2,
+                        max_steps=1000, warmup_steps=20, eval_every=100, save_every=500,
+                        questions=4000, tasks="larger_number,arithmetic,first_word,extract_title",
+                        nll_weight=1.0),
         eval_per_task=100,
+        grpo=GRPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, max_steps=400,
+                          warmup_steps=10, eval_every=40, save_every=200),
     )
 
 
@@ -168,8 +181,9 @@ def _full() -> Profile:
                                eval_every=250, save_every=500),
         sft=TrainSettings(batch_size=16, seq_len=512, learning_rate=5e-5, epochs=2,
                           max_steps=None, warmup_steps=100, eval_every=500, save_every=1000),
+        # MiniMind's SFT data has no checkable answers: DPO on its preference pairs (offline)
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
-                        warmup_steps=50, eval_every=100, save_every=500),
+                        warmup_steps=50, eval_every=100, save_every=500, pairs="offline"),
         eval_per_task=200,
         needs_minimind_data=True,
     )

@@ -50,6 +50,8 @@ from minimind_lib.evaluate import (
     answer_budget,
     eval_report,
     evaluate_model,
+    load_eval_records,
+    select_per_task,
     summarize,
     summarize_preferences,
 )
@@ -385,12 +387,15 @@ def grpo_stage(ctx: StageContext) -> dict:
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
     questions = _questions(profile, settings.tasks, None, "grpo")
+    # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
+    held_out = verifiable_questions(select_per_task(load_eval_records(),
+                                                    min(50, profile.eval_per_task)), settings.tasks)
     before = _start_eval(ctx, policy, tokenizer)
     config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
                                     precision=ctx.precision, device=ctx.device, seed=profile.seed,
                                     progress=ctx.progress)
     train_grpo(policy, tokenizer, questions, settings, config, resume=ctx.resume,
-               callbacks=ctx.callbacks)
+               held_out=held_out, callbacks=ctx.callbacks)
     rows = read_json_lines(ctx.out_dir / METRICS_FILE)  # every step, also those before a resume
     if all(r["signal"] == 0 for r in rows):
         print(f"grpo: no group ever disagreed (every answer earned the same reward), so nothing "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -349,3 +350,27 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
     assert set(evals) == {"sft", "dpo"}
     assert summarize_preferences(prefs.dpo)["all"].n == 1200
     assert "reward acc. DPO" in capsys.readouterr().out
+
+
+def test_dpo_stage_on_policy_pairs_the_models_own_answers(tmp_path, capsys):
+    """The default (on-policy) dpo stage: it samples and grades, writes the pair counts into
+    eval.json, and trains on those pairs with the NLL term logged."""
+    smoke = get_profile("smoke")
+    assert smoke.dpo.pairs == "on_policy"
+    profile = replace(smoke, eval_per_task=2,
+                      dpo=replace(smoke.dpo, questions=24, max_steps=3, warmup_steps=1,
+                                  eval_every=3, save_every=3, nll_weight=1.0))
+    (tmp_path / "tokenizer").mkdir()
+    TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
+    save_model(tiny_model(), tmp_path / "sft")
+    ctx = StageContext("dpo", profile, tmp_path, device="cpu", precision="fp32", progress=False)
+    ctx.out_dir.mkdir()
+    summary = STAGES["dpo"].run(ctx)
+    assert summary["pair_source"] == "on_policy" and summary["steps"] == 3
+    saved = json.loads((ctx.out_dir / "eval.json").read_text())
+    counts = saved["pair_counts"]["all"]
+    assert counts["questions"] == 24 and counts["pairs"] == summary["pairs"]
+    assert counts["pairs"] + counts["all_right"] + counts["too_long"] == 24
+    rows = [json.loads(line) for line in (ctx.out_dir / "metrics.jsonl").open()]
+    assert all("nll" in r for r in rows)
+    assert "on-policy pairs" in capsys.readouterr().out

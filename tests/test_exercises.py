@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minimind_lib import REPO_ROOT
-from minimind_lib.dpo import answer_logprobs
+from minimind_lib.dpo import answer_logprobs, dpo_loss
 from minimind_lib.exercises import CHECKS, exercise
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -21,13 +21,12 @@ CALL = re.compile(r"""exercise\(\s*["'](\d\d\.\d+)["']""")
 #: exercise id -> a plausible wrong answer (added with each exercise)
 WRONG: dict[str, object] = {
     # notebook 06: the sign of eq. 8 flipped; the sum instead of the mean; >= counts ties;
-    # the greedy answer is not preferred as the rejected one
+    # the NLL summed over the answer instead of per token
     "06.1": lambda margin, beta, B: beta / B * torch.sigmoid(-margin),
     "06.2": lambda logits, labels: answer_logprobs(logits, labels),
     "06.3": lambda pol, ref: ((pol - ref)[:, 0] >= (pol - ref)[:, 1]).float().mean(),
-    "06.4": lambda correct: (None if all(correct) else
-                             (correct.index(True) if any(correct) else None,
-                              len(correct) - 1 - correct[::-1].index(False))),
+    "06.4": lambda pi_w, pi_l, ref_w, ref_l, n_w, beta, alpha: (
+        dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)[0] - alpha * pi_w.mean()),
     # notebook 10: the mean of the whole group as baseline; k1 instead of k2; clipping
     # counted wherever the ratio leaves [1 - eps, 1 + eps], whatever the advantage's sign
     "10.1": lambda rewards: rewards - rewards.mean(dim=1, keepdim=True),

@@ -174,10 +174,13 @@ def sequence_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
     return total / counts if average else total
 
 
-def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor) -> Tensor:
+def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
+                   temperature: float = 1.0) -> Tensor:
     """``log pi(y_t | x, y_<t)`` per position (B, T-1): entry t scores token t+1 where its label
     is supervised, and is 0 where it is not (prompt, padding). Computed in fp32. Its row sums
-    are ``sequence_logprobs``; GRPO (notebook 10) needs the tokens one by one.
+    are ``sequence_logprobs``; GRPO (notebook 10) needs the tokens one by one. ``temperature``
+    scores the tokens under the tempered distribution ``softmax(logits / temperature)``: the
+    policy that sampled them at that temperature.
 
     >>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
     >>> _ = torch.manual_seed(0)
@@ -191,7 +194,7 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor) -> Tenso
     targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
     if not isinstance(model, MiniMindForCausalLM):  # e.g. wrapped in DDP: the plain forward
         logits = model(input_ids).logits[:, :-1]  # (B, T-1, V)
-        return -F.cross_entropy(logits.float().transpose(1, 2), targets,
+        return -F.cross_entropy(logits.float().transpose(1, 2) / temperature, targets,
                                 ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
     # subtle: only the answer positions need logits. The output head (V x C) is most of a small
     # model's compute and answers are a fraction of each sequence, so run the trunk, then the
@@ -199,7 +202,8 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor) -> Tenso
     hidden, _ = model.model(input_ids)  # (B, T, C)
     rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)  # (N,) each: answer positions
     logits = model.lm_head(hidden[rows, cols])  # (N, V)
-    per_token = -F.cross_entropy(logits.float(), targets[rows, cols], reduction="none")  # (N,)
+    per_token = -F.cross_entropy(logits.float() / temperature, targets[rows, cols],
+                                 reduction="none")  # (N,)
     return per_token.new_zeros(targets.shape).index_put((rows, cols), per_token)  # (B, T-1)
 
 

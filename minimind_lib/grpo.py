@@ -96,7 +96,7 @@ class GRPOSettings(TrainSettings):
 
     group_size: int = 8  # G answers per question
     max_new_tokens: int = 16  # answer budget (the Dr. GRPO normaliser, too)
-    temperature: float = 1.0  # sampling temperature of the rollouts
+    temperature: float = 1.0  # sampling temperature; the policy trained is softmax(logits / T)
     clip_eps: float = 0.2  # PPO's clip range: the ratio is clipped to [1 - eps, 1 + eps]
     kl_beta: float = 0.04  # weight of the KL penalty to the starting model (0: none)
     reward: str = "exact"  # "exact": 1 for the right answer; "char_f1": partial credit
@@ -237,9 +237,11 @@ class GRPOLoss:
     kl_beta: float = 0.04
     length_norm: str = "sequence"
     max_new_tokens: int | None = None
+    temperature: float = 1.0  # the sampling temperature: the policy is softmax(logits / T)
 
     def __call__(self, model: nn.Module, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
-        logp = token_logprobs(model, batch["input_ids"], batch["labels"])  # (B, T-1)
+        logp = token_logprobs(model, batch["input_ids"], batch["labels"],
+                              self.temperature)  # (B, T-1)
         old = batch["old_logps"] if "old_logps" in batch else logp.detach()
         mask = batch["labels"][:, 1:] != IGNORE_INDEX  # (B, T-1)
         return grpo_loss(logp, old, batch.get("ref_logps") if self.kl_beta > 0 else None,
@@ -312,14 +314,15 @@ def rollout_batches(ro: Rollout, batch_size: int, pad_id: int) -> list[dict[str,
 
 @torch.no_grad()
 def attach_logprobs(model: nn.Module, batches: list[dict[str, Tensor]], key: str,
-                    device: torch.device, precision: Precision) -> None:
+                    device: torch.device, precision: Precision, temperature: float = 1.0) -> None:
     """Store ``model``'s per-token log-probs of every batch under ``key`` (``ref_logps`` from
     the frozen reference, ``old_logps`` from the policy before its updates)."""
     was_training = model.training
     model.to(device).eval()
     for batch in batches:
         with precision.context(device):
-            logps = token_logprobs(model, batch["input_ids"].to(device), batch["labels"].to(device))
+            logps = token_logprobs(model, batch["input_ids"].to(device),
+                                   batch["labels"].to(device), temperature)
         batch[key] = logps.float()
     model.train(was_training)
 
@@ -381,7 +384,7 @@ def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Q
     log = MetricsLog(Path(config.out_dir) / METRICS_FILE if config.out_dir else None,
                      state.start_step if resume else None)
     loss_fn = GRPOLoss(settings.clip_eps, settings.kl_beta, settings.length_norm,
-                       settings.max_new_tokens)
+                       settings.max_new_tokens, settings.temperature)
     rows, bad_streak, t_start = [], 0, time.perf_counter()
     bar = tqdm(total=config.max_steps, initial=state.start_step, disable=not config.progress,
                desc="grpo", dynamic_ncols=True)
@@ -467,9 +470,11 @@ def _step(state: _GRPOState, step: int, questions: list[Question], tokenizer: BP
     batches = rollout_batches(kept if kept.groups else ro, settings.batch_size,
                               tokenizer.token_to_id(END_OF_TEXT))
     if state.reference is not None:
-        attach_logprobs(state.reference, batches, "ref_logps", state.device, state.precision)
+        attach_logprobs(state.reference, batches, "ref_logps", state.device, state.precision,
+                        settings.temperature)
     if settings.policy_epochs > 1:  # pi_old: the policy that sampled, before any update
-        attach_logprobs(state.policy, batches, "old_logps", state.device, state.precision)
+        attach_logprobs(state.policy, batches, "old_logps", state.device, state.precision,
+                        settings.temperature)
     t1 = time.perf_counter()
     params = [p for p in state.policy.parameters() if p.requires_grad]
     results = [train_step(state.policy, iter(batches), state.optimizer, state.scaler, params,

@@ -3,6 +3,7 @@ style), the loss's gradient, rollouts -> batches, resume, and the settings' erro
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -312,3 +313,33 @@ def test_settings_and_question_errors():
     config = TrainConfig.from_stage(_settings(), precision="fp32", progress=False)
     with pytest.raises(ValueError, match="needs at least 2 questions"):
         train_grpo(tiny_model(), TOK, [long, QUESTIONS[0]], _settings(), config)
+
+
+# --- the stage -------------------------------------------------------------------------------
+
+
+def test_grpo_stage_from_the_reference_model_writes_curves_and_evals(tmp_path, capsys):
+    """`grpo --init data/reference/sft` on a shrunken smoke profile: metrics rows carry reward,
+    kl, response_length (and val_accuracy), eval.json the scores before and after."""
+    from minimind_lib import DATA_DIR
+    from minimind_lib.profiles import get_profile
+    from minimind_lib.stages import STAGES, StageContext
+
+    smoke = get_profile("smoke")
+    profile = replace(smoke, eval_per_task=2,
+                      grpo=replace(smoke.grpo, batch_size=2, group_size=4, max_steps=2,
+                                   eval_every=2, save_every=2, warmup_steps=1))
+    (tmp_path / "tokenizer").mkdir()
+    TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
+    ctx = StageContext("grpo", profile, tmp_path, device="cpu", precision="fp32",
+                       progress=False, init=DATA_DIR / "reference" / "sft")
+    ctx.out_dir.mkdir()
+    summary = STAGES["grpo"].run(ctx)
+    rows = [json.loads(line) for line in (ctx.out_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2] and summary["steps"] == 2
+    assert all({"reward", "kl", "response_length", "accuracy", "signal"} <= set(r) for r in rows)
+    assert "val_accuracy" in rows[-1]
+    saved = json.loads((ctx.out_dir / "eval.json").read_text())
+    assert set(saved["models"]) == {"sft", "grpo"} and saved["tasks"] == smoke.grpo.tasks
+    assert (ctx.out_dir / "model.safetensors").is_file()
+    assert "held-out questions" in capsys.readouterr().out

@@ -59,7 +59,7 @@ from minimind_lib.evaluate import (
 )
 from minimind_lib.files import EVAL_FILE
 from minimind_lib.model import IGNORE_INDEX, MiniMindForCausalLM
-from minimind_lib.rollout import Question, is_correct, sample_answers
+from minimind_lib.rollout import Question, Sample, is_correct, sample_answers
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer
 from minimind_lib.train import TrainConfig, TrainSettings, train
 
@@ -89,6 +89,7 @@ class DPOSettings(TrainSettings):
     questions: int | None = 2000
     tasks: str = "skill"
     nll_weight: float = 0.0
+    pairs_per_question: int = 1  # on-policy: the chosen answer against up to this many wrong ones
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +104,9 @@ class DPOSettings(TrainSettings):
         if self.temperature <= 0 or self.nll_weight < 0:
             raise ValueError(f"DPOSettings: temperature must be positive and nll_weight >= 0, "
                              f"got {self.temperature} and {self.nll_weight}")
+        if self.pairs_per_question < 1:
+            raise ValueError(f"DPOSettings.pairs_per_question must be at least 1, got "
+                             f"{self.pairs_per_question}")
         if self.questions is not None and self.questions <= 0:
             raise ValueError(f"DPOSettings.questions must be positive or None, got "
                              f"{self.questions}")
@@ -420,7 +424,7 @@ class PairCounts:
     """What ``on_policy_pairs`` made of one task's questions (or all: task "all")."""
 
     questions: int = 0
-    pairs: int = 0
+    pairs: int = 0  # (several per question with pairs_per_question > 1)
     sampled_chosen: int = 0  # pairs whose chosen answer is one of the model's own
     reference_chosen: int = 0  # pairs whose chosen answer is the reference (no sample right)
     all_right: int = 0  # questions without a pair: every sample was right
@@ -430,15 +434,17 @@ class PairCounts:
 
 def on_policy_pairs(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question], *,
                     samples: int, temperature: float, max_new_tokens: int, seq_len: int,
-                    generator: torch.Generator | None = None,
+                    pairs_per_question: int = 1, generator: torch.Generator | None = None,
                     progress: bool = False) -> tuple[DPODataset, dict[str, PairCounts]]:
     """Preference pairs from the model's own answers (on-policy DPO, notebook 06).
 
     For every question: the greedy answer plus ``samples - 1`` answers sampled at
     ``temperature`` (``rollout.sample_answers``), graded with the evaluation's checker
     (``rollout.is_correct``), paired by ``pick_pair``; a chosen answer the model did not find
-    is the reference (its ids as ``data.sft_example`` tokenises it). Every pair is scored on
-    the exact ids the model generated. Returns the dataset and per-task ``PairCounts``.
+    is the reference (its ids as ``data.sft_example`` tokenises it). ``pairs_per_question`` > 1
+    pairs the same chosen answer with further *different* wrong answers too (in sample order),
+    more pairs for the same sampling cost. Every pair is scored on the exact ids the model
+    generated. Returns the dataset and per-task ``PairCounts``.
     """
     if samples < 2:
         raise ValueError(f"samples must be at least 2 (the greedy answer and one sample), got {samples}")
@@ -460,21 +466,33 @@ def on_policy_pairs(model: nn.Module, tokenizer: BPETokenizer, questions: Sequen
         if picked is None:
             count.all_right += 1
             continue
-        chosen_at, rejected = picked[0], group[picked[1]]
-        chosen = (group[chosen_at].response if chosen_at is not None
+        chosen = (group[picked[0]].response if picked[0] is not None
                   else tokenizer.encode(q.answer, allowed_special=set()) + [end_turn])
-        if len(rejected.prompt) + max(len(chosen), len(rejected.response)) > seq_len:
-            count.too_long += 1
-            continue
-        count.pairs += 1
-        count.sampled_chosen += chosen_at is not None
-        count.reference_chosen += chosen_at is None
-        examples.append((rejected.prompt + chosen, [IGNORE_INDEX] * len(rejected.prompt) + chosen,
-                         rejected.prompt + rejected.response, rejected.labels(), q.task, q.family))
+        for rejected in _rejected(group, correct, pairs_per_question):
+            if len(rejected.prompt) + max(len(chosen), len(rejected.response)) > seq_len:
+                count.too_long += 1
+                continue
+            count.pairs += 1
+            count.sampled_chosen += picked[0] is not None
+            count.reference_chosen += picked[0] is None
+            examples.append((rejected.prompt + chosen,
+                             [IGNORE_INDEX] * len(rejected.prompt) + chosen,
+                             rejected.prompt + rejected.response, rejected.labels(), q.task,
+                             q.family))
     counts["all"] = PairCounts(*(sum(getattr(c, f.name) for c in counts.values())
                                  for f in fields(PairCounts)))
     return DPODataset.from_examples(examples, tokenizer.token_to_id(END_OF_TEXT),
                                     "on-policy pairs"), dict(counts)
+
+
+def _rejected(group: Sequence[Sample], correct: Sequence[bool], limit: int) -> list[Sample]:
+    """The first ``limit`` wrong answers of a group with different token ids, in order (the
+    first is ``pick_pair``'s rejected one)."""
+    out: list[Sample] = []
+    for sample, ok in zip(group, correct, strict=True):
+        if not ok and len(out) < limit and all(sample.response != o.response for o in out):
+            out.append(sample)
+    return out
 
 
 def pair_table(counts: dict[str, PairCounts]) -> str:

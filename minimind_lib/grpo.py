@@ -364,7 +364,8 @@ def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Q
     questions (a seeded permutation per pass, as ``train.StepBatchSampler`` orders any
     dataset), sample a group per question with the current policy (a generator seeded by
     (seed, step), so a resumed run samples exactly what an uninterrupted one would), reward,
-    normalise, score the answers under the frozen reference (the policy as it is now), then
+    normalise, score the answers under the frozen reference (the policy as it was when this
+    run began: a resumed run keeps the original one), then
     ``policy_epochs`` optimizer steps with ``train.train_step``. With ``config.out_dir``:
     rows go to ``metrics.jsonl``, checkpoints to ``checkpoints/`` (``resume=True`` continues).
     With ``held_out`` questions, every ``eval_every`` steps (and at the end) the row also

@@ -133,7 +133,7 @@ def _cpu() -> Profile:
                                warmup_steps=50, eval_every=100, save_every=400),
         sft=TrainSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
                           warmup_steps=50, eval_every=200, save_every=400),
-        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=3e-4, max_steps=200,
+        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=3e-4, max_steps=400,
                         warmup_steps=20, eval_every=50, save_every=200, questions=2000,
                         tasks="larger_number,arithmetic,first_word,extract_title",
                         nll_weight=1.0),

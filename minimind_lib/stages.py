@@ -342,8 +342,8 @@ def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
             policy, tokenizer, questions, samples=settings.samples,
             temperature=settings.temperature,
             max_new_tokens=answer_budget(tokenizer, [{"answer": q.answer} for q in questions]),
-            seq_len=settings.seq_len, generator=torch.Generator(device).manual_seed(profile.seed),
-            progress=ctx.progress)
+            seq_len=settings.seq_len, pairs_per_question=settings.pairs_per_question,
+            generator=torch.Generator(device).manual_seed(profile.seed), progress=ctx.progress)
     print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
     return train_set, {task: asdict(c) for task, c in counts.items()}
 

@@ -302,6 +302,19 @@ def test_on_policy_pairs_pair_graded_answers_token_for_token(monkeypatch):
     assert ds[1]["chosen_input_ids"].tolist() == ids[:len(ds[1]["chosen_input_ids"])]
 
 
+def test_more_pairs_per_question_use_further_different_wrong_answers(monkeypatch):
+    texts = [["3", "7", "3"], ["9", "9", "9"], ["5", "2", "1"], ["40", "4", "40"]]
+    monkeypatch.setattr(dpo_module, "sample_answers", _scripted(texts))
+    ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
+                                 max_new_tokens=8, seq_len=64, pairs_per_question=2)
+    answer = [TOK.decode([t for t in ds[i][f"{side}_labels"].tolist() if t != IGNORE_INDEX])
+              for i in range(len(ds)) for side in ("chosen", "rejected")]
+    # question 0: "3" twice is one wrong answer; question 2: the reference against "5" and "2"
+    assert answer == ["7<|im_end|>", "3<|im_end|>", "12<|im_end|>", "5<|im_end|>",
+                      "12<|im_end|>", "2<|im_end|>", "40<|im_end|>", "4<|im_end|>"]
+    assert counts["all"].pairs == 4 and counts["all"].reference_chosen == 2
+
+
 def test_on_policy_pairs_from_a_real_model_reject_only_wrong_answers():
     ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
                                  max_new_tokens=6, seq_len=64,

@@ -293,7 +293,7 @@ def test_train_grpo_logs_reward_kl_and_length_and_resumes_exactly(tmp_path):
     halves = tiny_model()
     first = replace(config, out_dir=tmp_path / "b", max_steps=2)
     train_grpo(halves, TOK, QUESTIONS, settings, first)
-    resumed = tiny_model()  # fresh weights: the checkpoint must supply them
+    resumed = tiny_model()  # the starting weights, as a stage loads them; the checkpoint has step 2
     rest = train_grpo(resumed, TOK, QUESTIONS, settings, replace(first, max_steps=4),
                       resume=True)
     assert [r["step"] for r in rest] == [3, 4]

@@ -136,10 +136,12 @@ def _cpu() -> Profile:
         dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=3e-4, max_steps=400,
                         warmup_steps=20, eval_every=50, save_every=200, questions=2000,
                         tasks="larger_number,arithmetic,first_word,extract_title",
-                        nll_weight=1.0),
+                        nll_weight=2.0),
         eval_per_task=100,
-        grpo=GRPOSettings(batch_size=16, seq_len=256, learning_rate=2e-4, max_steps=200,
-                          warmup_steps=5, eval_every=20, save_every=100),
+        # measured from data/reference/sft (3 tasks, 200 steps): lr 1e-4 +2.6 points of held-out
+        # skill exact-match; 2e-4 +0.0 (format fell to 93%); 1e-4 with 2 updates per batch +0.3
+        grpo=GRPOSettings(batch_size=16, seq_len=256, learning_rate=1e-4, max_steps=200,
+                          warmup_steps=5, eval_every=25, save_every=100),
     )
 
 

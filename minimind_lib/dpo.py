@@ -35,8 +35,9 @@ import copy
 import itertools
 import json
 import random
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TypeVar
 
@@ -58,23 +59,57 @@ from minimind_lib.evaluate import (
 )
 from minimind_lib.files import EVAL_FILE
 from minimind_lib.model import IGNORE_INDEX, MiniMindForCausalLM
-from minimind_lib.tokenizer import END_OF_TEXT, BPETokenizer
+from minimind_lib.rollout import Question, Sample, is_correct, sample_answers
+from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer
 from minimind_lib.train import TrainConfig, TrainSettings, train
 
 T = TypeVar("T")
+PAIR_SOURCES = ("on_policy", "offline")  # DPOSettings.pairs
+#: one tokenised pair: chosen ids, chosen labels, rejected ids, rejected labels, task, family
+PairExample = tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int], str | None,
+                    str | None]
 
 
 @dataclass(frozen=True)
 class DPOSettings(TrainSettings):
     """A DPO run's hyper-parameters: the training ones, plus ``beta``, the strength of the KL
-    anchor to the reference (eq. 3's beta: larger keeps the policy closer to it)."""
+    anchor to the reference (eq. 3's beta: larger keeps the policy closer to it), and where the
+    pairs come from.
+
+    ``pairs="on_policy"``: ``questions`` training questions of the ``tasks`` named (task or
+    family names, ``rollout.select_tasks``; a seeded sample), each answered greedily plus
+    ``samples - 1`` times at ``temperature`` by the starting model, paired right vs wrong
+    (``on_policy_pairs``). ``pairs="offline"``: the bundled (or MiniMind's) DPO pairs.
+    ``nll_weight``: the weight of the chosen answers' NLL added to the loss (``DPOLoss``)."""
 
     beta: float = 0.1
+    pairs: str = "on_policy"
+    samples: int = 4
+    temperature: float = 1.0
+    questions: int | None = 2000
+    tasks: str = "skill"
+    nll_weight: float = 0.0
+    pairs_per_question: int = 1  # on-policy: the chosen answer against up to this many wrong ones
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.beta <= 0:
             raise ValueError(f"DPOSettings.beta must be positive, got {self.beta}")
+        if self.pairs not in PAIR_SOURCES:
+            raise ValueError(f"DPOSettings.pairs is {self.pairs!r}; choose one of "
+                             f"{', '.join(PAIR_SOURCES)}")
+        if self.samples < 2:
+            raise ValueError(f"DPOSettings.samples must be at least 2 (the greedy answer and "
+                             f"one sample), got {self.samples}")
+        if self.temperature <= 0 or self.nll_weight < 0:
+            raise ValueError(f"DPOSettings: temperature must be positive and nll_weight >= 0, "
+                             f"got {self.temperature} and {self.nll_weight}")
+        if self.pairs_per_question < 1:
+            raise ValueError(f"DPOSettings.pairs_per_question must be at least 1, got "
+                             f"{self.pairs_per_question}")
+        if self.questions is not None and self.questions <= 0:
+            raise ValueError(f"DPOSettings.questions must be positive or None, got "
+                             f"{self.questions}")
 
 
 # --- 1. log pi(y|x) --------------------------------------------------------------------
@@ -138,19 +173,42 @@ def sequence_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
     >>> sequence_logprobs(model, ids, torch.tensor([[-100, -100, 5, 6]])).shape
     torch.Size([1])
     """
+    counts = _answer_counts(labels)  # (B,)
+    total = token_logprobs(model, input_ids, labels).sum(dim=1)  # (B,)
+    return total / counts if average else total
+
+
+def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
+                   temperature: float = 1.0) -> Tensor:
+    """``log pi(y_t | x, y_<t)`` per position (B, T-1): entry t scores token t+1 where its label
+    is supervised, and is 0 where it is not (prompt, padding). Computed in fp32. Its row sums
+    are ``sequence_logprobs``; GRPO (notebook 10) needs the tokens one by one. ``temperature``
+    scores the tokens under the tempered distribution ``softmax(logits / temperature)``: the
+    policy that sampled them at that temperature.
+
+    >>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    >>> _ = torch.manual_seed(0)
+    >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=8,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    ...     max_position_embeddings=8))
+    >>> logps = token_logprobs(model, torch.tensor([[3, 4, 5, 6]]), torch.tensor([[-100, -100, 5, 6]]))
+    >>> logps.shape, logps[0, 0].item(), bool((logps[0, 1:] < 0).all())
+    (torch.Size([1, 3]), 0.0, True)
+    """
+    targets = labels[:, 1:]  # (B, T-1): position t predicts token t+1
     if not isinstance(model, MiniMindForCausalLM):  # e.g. wrapped in DDP: the plain forward
-        return answer_logprobs(model(input_ids).logits, labels, average)
+        logits = model(input_ids).logits[:, :-1]  # (B, T-1, V)
+        return -F.cross_entropy(logits.float().transpose(1, 2) / temperature, targets,
+                                ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
     # subtle: only the answer positions need logits. The output head (V x C) is most of a small
     # model's compute and answers are a fraction of each sequence, so run the trunk, then the
     # head on the answer positions only: the same numbers as ``answer_logprobs(model(x).logits)``
-    counts = _answer_counts(labels)  # (B,)
     hidden, _ = model.model(input_ids)  # (B, T, C)
-    targets = labels[:, 1:]  # (B, T-1)
     rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)  # (N,) each: answer positions
     logits = model.lm_head(hidden[rows, cols])  # (N, V)
-    per_token = -F.cross_entropy(logits.float(), targets[rows, cols], reduction="none")  # (N,)
-    total = per_token.new_zeros(len(counts)).index_add(0, rows, per_token)  # (B,)
-    return total / counts if average else total
+    per_token = -F.cross_entropy(logits.float() / temperature, targets[rows, cols],
+                                 reduction="none")  # (N,)
+    return per_token.new_zeros(targets.shape).index_put((rows, cols), per_token)  # (B, T-1)
 
 
 # --- 2. the loss -----------------------------------------------------------------------
@@ -198,29 +256,44 @@ class DPODataset(Dataset):
 
     def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int,
                  source: str = "records"):
-        self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
-        self.tasks: list[str | None] = []
-        self.families: list[str | None] = []
-        self.dropped = 0
-        self.pad_id = tokenizer.token_to_id(END_OF_TEXT)
+        examples = []
         for n, record in enumerate(records, start=1):
             chosen, rejected = record["chosen"], record["rejected"]
             if chosen[:-1] != rejected[:-1]:
                 raise ValueError(f"{source}: record {n}: 'chosen' and 'rejected' must share the "
                                  "prompt (every message but the last assistant answer)")
-            c_ids, c_labels = (torch.as_tensor(t, dtype=torch.long)
-                               for t in sft_example(tokenizer, chosen, seq_len))
-            r_ids, r_labels = (torch.as_tensor(t, dtype=torch.long)
-                               for t in sft_example(tokenizer, rejected, seq_len))
+            examples.append((*sft_example(tokenizer, chosen, seq_len),
+                             *sft_example(tokenizer, rejected, seq_len),
+                             record.get("task"), record.get("family")))
+        self._fill(examples, tokenizer.token_to_id(END_OF_TEXT), f"{source} (seq_len={seq_len})")
+
+    @classmethod
+    def from_examples(cls, examples: Iterable[PairExample], pad_id: int,
+                      source: str = "examples") -> DPODataset:
+        """Pairs already tokenised: ``(chosen_ids, chosen_labels, rejected_ids, rejected_labels,
+        task, family)`` with SFT-style labels (e.g. the model's own sampled answers:
+        ``on_policy_pairs``)."""
+        dataset = cls.__new__(cls)
+        dataset._fill(examples, pad_id, source)
+        return dataset
+
+    def _fill(self, examples: Iterable[PairExample], pad_id: int, source: str) -> None:
+        self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.tasks: list[str | None] = []
+        self.families: list[str | None] = []
+        self.dropped = 0
+        self.pad_id = pad_id
+        for *sides, task, family in examples:
+            c_ids, c_labels, r_ids, r_labels = (torch.as_tensor(t, dtype=torch.long) for t in sides)
             if not ((c_labels[1:] != IGNORE_INDEX).any() and (r_labels[1:] != IGNORE_INDEX).any()):
                 self.dropped += 1
                 continue
             self.pairs.append((c_ids, c_labels, r_ids, r_labels))
-            self.tasks.append(record.get("task"))
-            self.families.append(record.get("family"))
+            self.tasks.append(task)
+            self.families.append(family)
         if not self.pairs:
-            raise ValueError(f"{source}: no usable preference pair (seq_len={seq_len}, "
-                             f"{self.dropped} pairs had their answers cut off)")
+            raise ValueError(f"{source}: no usable preference pair ({self.dropped} pairs had "
+                             "their answers cut off)")
         self.ref_logps: Tensor | None = None  # (N, 2): reference log pi of chosen, rejected
 
     @classmethod
@@ -320,6 +393,124 @@ def pair_logprobs(model: nn.Module, dataset: DPODataset, *, batch_size: int = 32
     return torch.cat(out)  # (N, 2)
 
 
+# --- 3b. on-policy pairs: the model's own answers, graded -------------------------------
+
+
+def pick_pair(correct: Sequence[bool]) -> tuple[int | None, int] | None:
+    """Which of a question's graded samples make its pair: ``(chosen, rejected)`` indices, or
+    None when every sample is right.
+
+    * rejected: the first wrong sample. ``on_policy_pairs`` puts the greedy answer first, so
+      when the greedy answer (the one the evaluation sees) is wrong, it is the one pushed down;
+    * chosen: the first right sample, or None when no sample is right (then the caller uses
+      the reference answer: the right answer the model could not find itself);
+    * every sample right: no pair. A pair of two right answers teaches nothing the grader
+      cares about, and the question is already solved; the budget goes to the others.
+
+    >>> pick_pair([False, True, False]), pick_pair([True, False, True]), pick_pair([False] * 3)
+    ((1, 0), (0, 1), (None, 0))
+    >>> pick_pair([True, True]) is None
+    True
+    """
+    wrong = [i for i, ok in enumerate(correct) if not ok]
+    if not wrong:
+        return None
+    right = [i for i, ok in enumerate(correct) if ok]
+    return (right[0] if right else None), wrong[0]
+
+
+@dataclass
+class PairCounts:
+    """What ``on_policy_pairs`` made of one task's questions (or all: task "all")."""
+
+    questions: int = 0
+    pairs: int = 0  # (several per question with pairs_per_question > 1)
+    sampled_chosen: int = 0  # pairs whose chosen answer is one of the model's own
+    reference_chosen: int = 0  # pairs whose chosen answer is the reference (no sample right)
+    all_right: int = 0  # questions without a pair: every sample was right
+    greedy_right: int = 0  # questions the greedy answer got right
+    too_long: int = 0  # pairs dropped: prompt + answer longer than seq_len
+
+
+def on_policy_pairs(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question], *,
+                    samples: int, temperature: float, max_new_tokens: int, seq_len: int,
+                    pairs_per_question: int = 1, generator: torch.Generator | None = None,
+                    progress: bool = False) -> tuple[DPODataset, dict[str, PairCounts]]:
+    """Preference pairs from the model's own answers (on-policy DPO, notebook 06).
+
+    For every question: the greedy answer plus ``samples - 1`` answers sampled at
+    ``temperature`` (``rollout.sample_answers``), graded with the evaluation's checker
+    (``rollout.is_correct``), paired by ``pick_pair``; a chosen answer the model did not find
+    is the reference (its ids as ``data.sft_example`` tokenises it). ``pairs_per_question`` > 1
+    pairs the same chosen answer with further *different* wrong answers too (in sample order),
+    more pairs for the same sampling cost. Every pair is scored on the exact ids the model
+    generated. Returns the dataset and per-task ``PairCounts``.
+    """
+    if samples < 2:
+        raise ValueError(f"samples must be at least 2 (the greedy answer and one sample), got {samples}")
+    greedy = sample_answers(model, tokenizer, questions, 1, max_new_tokens=max_new_tokens,
+                            temperature=0.0, progress=progress)
+    sampled = sample_answers(model, tokenizer, questions, samples - 1,
+                             max_new_tokens=max_new_tokens, temperature=temperature,
+                             generator=generator, progress=progress)
+    end_turn = tokenizer.token_to_id(IM_END)
+    counts: dict[str, PairCounts] = defaultdict(PairCounts)
+    examples: list[PairExample] = []
+    for q, group in zip(questions, (g + s for g, s in zip(greedy, sampled, strict=True)),
+                        strict=True):
+        count = counts[q.task]
+        count.questions += 1
+        correct = [is_correct(s.answer, q.answer) for s in group]
+        count.greedy_right += correct[0]
+        picked = pick_pair(correct)
+        if picked is None:
+            count.all_right += 1
+            continue
+        chosen = (group[picked[0]].response if picked[0] is not None
+                  else tokenizer.encode(q.answer, allowed_special=set()) + [end_turn])
+        for rejected in _rejected(group, correct, pairs_per_question):
+            if len(rejected.prompt) + max(len(chosen), len(rejected.response)) > seq_len:
+                count.too_long += 1
+                continue
+            count.pairs += 1
+            count.sampled_chosen += picked[0] is not None
+            count.reference_chosen += picked[0] is None
+            examples.append((rejected.prompt + chosen,
+                             [IGNORE_INDEX] * len(rejected.prompt) + chosen,
+                             rejected.prompt + rejected.response, rejected.labels(), q.task,
+                             q.family))
+    counts["all"] = PairCounts(*(sum(getattr(c, f.name) for c in counts.values())
+                                 for f in fields(PairCounts)))
+    return DPODataset.from_examples(examples, tokenizer.token_to_id(END_OF_TEXT),
+                                    "on-policy pairs"), dict(counts)
+
+
+def _rejected(group: Sequence[Sample], correct: Sequence[bool], limit: int) -> list[Sample]:
+    """The first ``limit`` wrong answers of a group with different token ids, in order (the
+    first is ``pick_pair``'s rejected one)."""
+    out: list[Sample] = []
+    for sample, ok in zip(group, correct, strict=True):
+        if not ok and len(out) < limit and all(sample.response != o.response for o in out):
+            out.append(sample)
+    return out
+
+
+def pair_table(counts: dict[str, PairCounts]) -> str:
+    """``on_policy_pairs``' counts as a markdown table, one row per task, then "all".
+
+    >>> print(pair_table({"t": PairCounts(4, 3, 2, 1, 1, 2, 0)}))
+    | task | questions | greedy right | every sample right (no pair) | pairs | chosen: own answer | chosen: reference |
+    |---|---:|---:|---:|---:|---:|---:|
+    | t | 4 | 2 | 1 | 3 | 2 | 1 |
+    """
+    lines = ["| task | questions | greedy right | every sample right (no pair) | pairs | "
+             "chosen: own answer | chosen: reference |", "|---|" + "---:|" * 6]
+    for task, c in counts.items():
+        lines.append(f"| {task} | {c.questions} | {c.greedy_right} | {c.all_right} | {c.pairs} | "
+                     f"{c.sampled_chosen} | {c.reference_chosen} |")
+    return "\n".join(lines)
+
+
 # --- 4. the loss function the training engine calls --------------------------------------
 
 
@@ -339,15 +530,24 @@ class DPOLoss:
     ``reward_accuracy`` (share of pairs whose chosen reward is higher), ``reward_margin``
     (mean chosen - rejected reward), ``chosen_reward`` / ``rejected_reward`` (means) and the
     policy's mean ``chosen_logp`` / ``rejected_logp``.
+
+    ``nll_weight`` > 0 adds ``nll_weight`` times the chosen answers' negative log-likelihood
+    per token (the SFT loss on the chosen side; logged as ``nll``): DPO + NLL, as in Pang et al.
+    2024, "Iterative Reasoning Preference Optimization" (eq. 1). DPO alone only asks for a
+    *margin*, and often lowers the chosen answer's own probability along with the rejected one;
+    on pairs graded right / wrong that costs exactly the greedy answers the grader checks.
     """
 
     beta: float = 0.1
     reference: nn.Module | None = None
     average: bool = False  # length-normalised log-probs (see sequence_logprobs)
+    nll_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"DPOLoss.beta must be positive, got {self.beta}")
+        if self.nll_weight < 0:
+            raise ValueError(f"DPOLoss.nll_weight must be >= 0, got {self.nll_weight}")
 
     def __call__(self, model: nn.Module, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
         input_ids, labels = batch["input_ids"], batch["labels"]  # (2B, T) each
@@ -365,15 +565,21 @@ class DPOLoss:
         ref_chosen, ref_rejected = ref_logps.chunk(2)
         loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen,
                                           ref_rejected, self.beta)
-        return loss, {"reward_accuracy": (chosen > rejected).float().mean(),
-                      "reward_margin": (chosen - rejected).mean(),
-                      "chosen_reward": chosen.mean(), "rejected_reward": rejected.mean(),
-                      "chosen_logp": policy_chosen.detach().mean(),
-                      "rejected_logp": policy_rejected.detach().mean()}
+        metrics = {"reward_accuracy": (chosen > rejected).float().mean(),
+                   "reward_margin": (chosen - rejected).mean(),
+                   "chosen_reward": chosen.mean(), "rejected_reward": rejected.mean(),
+                   "chosen_logp": policy_chosen.detach().mean(),
+                   "rejected_logp": policy_rejected.detach().mean()}
+        if self.nll_weight > 0:
+            chosen_tokens = _answer_counts(labels.chunk(2)[0])  # (B,)
+            nll = -(policy_chosen if self.average else policy_chosen / chosen_tokens).mean()
+            loss = loss + self.nll_weight * nll
+            metrics["nll"] = nll.detach()
+        return loss, metrics
 
 
 def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
-              beta: float = 0.1, reference: nn.Module | None = None,
+              beta: float = 0.1, nll_weight: float = 0.0, reference: nn.Module | None = None,
               precompute_reference: bool = True, eval_set: DPODataset | None = None,
               resume: bool = False,
               callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
@@ -394,9 +600,9 @@ def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
             if dataset is not None:
                 dataset.set_reference(pair_logprobs(reference, dataset, device=device,
                                                     precision=precision))
-        loss_fn = DPOLoss(beta)
+        loss_fn = DPOLoss(beta, nll_weight=nll_weight)
     else:
-        loss_fn = DPOLoss(beta, frozen_copy(reference))
+        loss_fn = DPOLoss(beta, frozen_copy(reference), nll_weight=nll_weight)
     return train(policy, train_set, config, loss_fn=loss_fn, eval_dataset=eval_set,
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
 

@@ -35,6 +35,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
+from minimind_lib.dpo import answer_logprobs, dpo_loss
+from minimind_lib.grpo import grpo_loss
+
 #: exercise id ("01.2": notebook 01, exercise 2) -> its check
 CHECKS: dict[str, Callable[[object], None]] = {}
 
@@ -370,6 +375,61 @@ def _target_share(answer: Callable) -> None:
         _close(answer(data), want, f"answer_only={answer_only}", tol=1e-12)
 
 
+# --- 06 · DPO -----------------------------------------------------------------------------
+
+
+@check("06.1")
+def _dpo_gradient_weight(grad_weight) -> None:
+    """``grad_weight(margin, beta, B)`` == d loss / d log pi(y_w|x) of each pair (eq. 8)."""
+    g = torch.Generator().manual_seed(1)
+    pi_w = (-30 * torch.rand(6, generator=g)).requires_grad_()
+    pi_l, ref_w, ref_l = (-30 * torch.rand(6, generator=g) for _ in range(3))
+    for beta in (0.1, 0.7):
+        loss, rw, rl = dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)
+        (grad,) = torch.autograd.grad(loss, pi_w)
+        got = torch.as_tensor(grad_weight(rw - rl, beta, 6), dtype=grad.dtype)
+        assert got.shape == grad.shape, f"expected shape {tuple(grad.shape)}, got {tuple(got.shape)}"
+        assert torch.allclose(got, grad, atol=1e-6), f"beta={beta}: {got} != autograd {grad}"
+
+
+@check("06.2")
+def _average_logprob(avg_logprob) -> None:
+    """``avg_logprob(logits, labels)`` == the mean log-prob per answer token."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 7, 11, generator=g)
+    labels = torch.tensor([[-100, -100, 4, 5, 6, -100, -100], [-100, 1, 2, 3, 4, 5, 6],
+                           [-100, -100, -100, -100, -100, 9, -100]])
+    expected = answer_logprobs(logits, labels, average=True)
+    got = torch.as_tensor(avg_logprob(logits, labels), dtype=expected.dtype)
+    assert got.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    assert torch.allclose(got, expected, atol=1e-5), f"{got} != {expected} (mean over answer tokens)"
+
+
+@check("06.3")
+def _implicit_reward_accuracy(reward_accuracy) -> None:
+    """``reward_accuracy(policy_logps, reference_logps)``: share of pairs whose chosen answer
+    gained more log-prob (relative to the reference) than the rejected one; ties are wrong."""
+    policy = torch.tensor([[-1.0, -2.0], [-3.0, -2.0], [-1.0, -5.0], [-2.0, -2.0]])
+    reference = torch.tensor([[-1.0, -1.0], [-4.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]])
+    got = float(reward_accuracy(policy, reference))
+    assert abs(got - 0.75) < 1e-6, f"got {got}; expected 0.75 (3 of 4 pairs; a tie counts as wrong)"
+
+
+@check("06.4")
+def _dpo_with_nll(rpo_loss) -> None:
+    """``rpo_loss(pi_w, pi_l, ref_w, ref_l, n_w, beta, alpha)``: the DPO loss plus ``alpha``
+    times the chosen answers' NLL per token (``n_w`` answer tokens each), as ``DPOLoss`` with
+    ``nll_weight=alpha`` computes it (Pang et al. 2024)."""
+    g = torch.Generator().manual_seed(4)
+    pi_w, pi_l, ref_w, ref_l = (-20 * torch.rand(5, generator=g) for _ in range(4))
+    n_w = torch.tensor([3, 7, 1, 12, 5])
+    for beta, alpha in ((0.1, 1.0), (0.5, 0.3)):
+        expected = dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)[0] + alpha * (-(pi_w / n_w)).mean()
+        got = float(rpo_loss(pi_w, pi_l, ref_w, ref_l, n_w, beta, alpha))
+        assert abs(got - expected.item()) < 1e-5, \
+            f"beta={beta}, alpha={alpha}: got {got:.6f}, expected {expected.item():.6f}"
+
+
 # --- 07 · quantisation --------------------------------------------------------------------
 
 
@@ -484,6 +544,104 @@ def _penalty_cached(answer: Callable) -> None:
         hook.remove()
 
 
+# --- 09 · LoRA ----------------------------------------------------------------------------
+
+
+def _lora_case():
+    """Small random tensors for the LoRA checks: x (2, 3, 8), W (6, 8), A (2, 8), B (6, 2)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(9)
+    shapes = ((2, 3, 8), (6, 8), (2, 8), (6, 2))
+    return [torch.randn(s, generator=gen) for s in shapes]
+
+
+@check("09.1")
+def _lora_forward(answer) -> None:
+    """``answer(x, W, A, B, alpha)``: the adapted layer's output, ``x W^T + (alpha/r) x A^T B^T``."""
+    import torch
+
+    x, W, A, B = _lora_case()
+    want = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T  # (2, 3, 6)
+    got = answer(x, W, A, B, 4.0)
+    assert tuple(got.shape) == tuple(want.shape), f"shape {tuple(got.shape)}, want (2, 3, 6)"
+    assert torch.allclose(got, want, atol=1e-5), ("wrong values: is the update scaled by "
+                                                  "alpha / r, with r = A.shape[0]?")
+
+
+@check("09.2")
+def _lora_merge(answer) -> None:
+    """``answer(W, A, B, alpha)``: the merged weight ``W + (alpha/r) B A``, shape of W."""
+    import torch
+
+    x, W, A, B = _lora_case()
+    got = answer(W, A, B, 4.0)
+    assert tuple(got.shape) == tuple(W.shape), f"shape {tuple(got.shape)}, want {tuple(W.shape)}"
+    unmerged = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T
+    assert torch.allclose(x @ got.T, unmerged, atol=1e-5), ("x @ merged.T differs from the "
+                                                           "adapted layer's output")
+
+
+@check("09.3")
+def _lora_count(answer) -> None:
+    """``answer(config, rank, targets)``: trainable LoRA parameters of a MiniMind model."""
+    from minimind_lib.lora import add_lora, count_parameters
+    from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+
+    for heads, kv_heads, targets in ((4, 4, ("q_proj", "v_proj")),
+                                     (4, 2, ("k_proj", "o_proj", "down_proj"))):
+        config = MiniMindConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=heads, num_key_value_heads=kv_heads)
+        model = MiniMindForCausalLM(config)
+        add_lora(model, rank=4, alpha=8, target_modules=targets)
+        want = count_parameters(model).trainable
+        got = answer(config, 4, targets)
+        assert got == want, (f"{got:,} for {targets} with {kv_heads} of {heads} heads as kv "
+                             f"heads; want {want:,} (r (d_in + d_out) per matrix)")
+
+
+# --- 10 · GRPO ----------------------------------------------------------------------------
+
+
+@check("10.1")
+def _leave_one_out_advantages(rloo) -> None:
+    """``rloo(rewards)`` (P, G) -> advantages: each reward minus the mean of the *other*
+    G - 1 rewards of its group (RLOO, Ahmadian et al. 2024)."""
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.0]])
+    expected = torch.tensor([[r - (sum(row) - r) / 3 for r in row] for row in rewards.tolist()])
+    got = torch.as_tensor(rloo(rewards), dtype=expected.dtype)
+    assert got.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    assert torch.allclose(got, expected, atol=1e-6), f"{got}\n!= {expected}"
+
+
+@check("10.2")
+def _kl_k2(k2) -> None:
+    """``k2(logp, ref_logp)`` = 0.5 (logp - ref_logp)^2 per token (Schulman's k2)."""
+    logp = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    ref = torch.tensor([-1.5, -1.0, -0.5, -0.2])
+    expected = 0.5 * (logp - ref) ** 2
+    got = torch.as_tensor(k2(logp, ref), dtype=expected.dtype)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-6), \
+        f"{got} != {expected}"
+
+
+@check("10.3")
+def _clip_fraction(clip_fraction) -> None:
+    """``clip_fraction(ratio, advantages, mask, eps)``: share of answer tokens where the clipped
+    term is the smaller one (where PPO's objective stops the gradient)."""
+    g = torch.Generator().manual_seed(3)
+    ratio = 0.6 + 0.8 * torch.rand(4, 6, generator=g)  # (B, T) around 1
+    advantages = torch.tensor([1.0, -1.0, 0.5, -2.0])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0],
+                         [1, 1, 1, 0, 0, 0]]).bool()
+    for eps in (0.1, 0.2):
+        _, metrics = grpo_loss(ratio.log(), torch.zeros(4, 6), None, advantages, mask,
+                               clip_eps=eps)
+        got = float(clip_fraction(ratio, advantages, mask, eps))
+        expected = metrics["clip_fraction"].item()
+        assert abs(got - expected) < 1e-6, f"eps={eps}: got {got}, expected {expected}"
+
+
 # --- 11 · mixture of experts --------------------------------------------------------------
 
 
@@ -583,7 +741,7 @@ def _yarn_band(answer: Callable) -> None:
         assert 0 <= low and high <= d // 2 - 1, f"{where}: clamp to 0 <= low, high <= d/2 - 1"
         assert (ramp[:low + 1] == 0).all() and (ramp[high:] == 1).all(), f"{where}: ({low}, {high})"
         assert ((ramp[low + 1:high] > 0) & (ramp[low + 1:high] < 1)).all(), where
-# --- notebook 13: vision ------------------------------------------------------------------
+# --- 13 · vision --------------------------------------------------------------------------
 
 
 @check("13.1")
@@ -635,59 +793,3 @@ def _splice(answer):
     assert torch.equal(got, splice(embeds, ids, images)), (
         "row b's slots must hold image_embeds[b] in order, and every other position keep "
         "its token embedding")
-
-
-# --- notebook 09: LoRA ----------------------------------------------------------------------
-
-
-def _lora_case():
-    """Small random tensors for the LoRA checks: x (2, 3, 8), W (6, 8), A (2, 8), B (6, 2)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(9)
-    shapes = ((2, 3, 8), (6, 8), (2, 8), (6, 2))
-    return [torch.randn(s, generator=gen) for s in shapes]
-
-
-@check("09.1")
-def _lora_forward(answer) -> None:
-    """``answer(x, W, A, B, alpha)``: the adapted layer's output, ``x W^T + (alpha/r) x A^T B^T``."""
-    import torch
-
-    x, W, A, B = _lora_case()
-    want = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T  # (2, 3, 6)
-    got = answer(x, W, A, B, 4.0)
-    assert tuple(got.shape) == tuple(want.shape), f"shape {tuple(got.shape)}, want (2, 3, 6)"
-    assert torch.allclose(got, want, atol=1e-5), ("wrong values: is the update scaled by "
-                                                  "alpha / r, with r = A.shape[0]?")
-
-
-@check("09.2")
-def _lora_merge(answer) -> None:
-    """``answer(W, A, B, alpha)``: the merged weight ``W + (alpha/r) B A``, shape of W."""
-    import torch
-
-    x, W, A, B = _lora_case()
-    got = answer(W, A, B, 4.0)
-    assert tuple(got.shape) == tuple(W.shape), f"shape {tuple(got.shape)}, want {tuple(W.shape)}"
-    unmerged = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T
-    assert torch.allclose(x @ got.T, unmerged, atol=1e-5), ("x @ merged.T differs from the "
-                                                           "adapted layer's output")
-
-
-@check("09.3")
-def _lora_count(answer) -> None:
-    """``answer(config, rank, targets)``: trainable LoRA parameters of a MiniMind model."""
-    from minimind_lib.lora import add_lora, count_parameters
-    from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-
-    for heads, kv_heads, targets in ((4, 4, ("q_proj", "v_proj")),
-                                     (4, 2, ("k_proj", "o_proj", "down_proj"))):
-        config = MiniMindConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2,
-                                num_attention_heads=heads, num_key_value_heads=kv_heads)
-        model = MiniMindForCausalLM(config)
-        add_lora(model, rank=4, alpha=8, target_modules=targets)
-        want = count_parameters(model).trainable
-        got = answer(config, 4, targets)
-        assert got == want, (f"{got:,} for {targets} with {kv_heads} of {heads} heads as kv "
-                             f"heads; want {want:,} (r (d_in + d_out) per matrix)")

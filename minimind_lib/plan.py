@@ -8,7 +8,10 @@ exactly, when it starts: ``train.train``.)
 Assumptions, stated once:
 
 * training FLOPs per token: ``6N + 12 L C T`` (``train.flops_per_token``; PaLM appendix B);
-  DPO adds a forward pass (``2N`` per token) over its pairs for the reference log-probs;
+  DPO adds a forward pass (``2N`` per token) over its pairs for the reference log-probs, and
+  on-policy DPO the sampling: ``samples`` forward passes over each question and its answer;
+* GRPO is not planned here: each of its steps samples as much as it trains (its own log
+  prints the time per step);
 * GPUs: the dense bf16 tensor-core TFLOP/s with fp32 accumulation in ``GPU_TFLOPS`` (NVIDIA's
   datasheets and architecture whitepapers), at ``GPU_MFU`` model FLOPs utilisation. 25% is an
   assumption for a 26M-parameter model (small matmuls, fp32 norms and a 6,400-way softmax keep
@@ -33,8 +36,10 @@ import torch
 
 from minimind_lib.data import SFTDataset, dataset_files, read_jsonl
 from minimind_lib.device import pick_precision
+from minimind_lib.dpo import DPOSettings
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import TRAINING_STAGES, Profile
+from minimind_lib.rollout import verifiable_questions
 from minimind_lib.tokenizer import COURSE_TOKENIZER, BPETokenizer
 from minimind_lib.train import TrainSettings, flops_per_token
 
@@ -113,7 +118,9 @@ def _sft_data(paths: list[Path], tokenizer: BPETokenizer, settings: TrainSetting
     return _Data(int(len(dataset) * factor), int(dataset.lengths.sum() * factor), estimated)
 
 
-def _dpo_data(paths: list[Path], tokenizer: BPETokenizer, settings: TrainSettings) -> _Data:
+def _dpo_data(paths: list[Path], tokenizer: BPETokenizer, settings: DPOSettings) -> _Data:
+    if settings.pairs == "on_policy":  # paths are SFT files: the questions the pairs come from
+        return _on_policy_data(paths, tokenizer, settings)
     pairs, estimated = _documents(paths, "dpo", settings.max_examples)
     sides = [p[side] for p in pairs for side in ("chosen", "rejected")]
     dataset = SFTDataset([{"conversations": s} for s in sides], tokenizer, settings.seq_len,
@@ -122,13 +129,26 @@ def _dpo_data(paths: list[Path], tokenizer: BPETokenizer, settings: TrainSetting
     return _Data(int(len(pairs) * factor), int(dataset.lengths.sum() * factor), estimated)
 
 
+def _on_policy_data(paths: list[Path], tokenizer: BPETokenizer, settings: DPOSettings) -> _Data:
+    """On-policy DPO: at most one pair per sampled question (none where every sample is right),
+    each side about as long as the question with its reference answer: an upper bound."""
+    records, estimated = _documents(paths, "sft", None)
+    questions = verifiable_questions(records, settings.tasks)[:settings.questions]
+    chats = [{"conversations": q.messages + [{"role": "assistant", "content": q.answer}]}
+             for q in questions]
+    dataset = SFTDataset(chats, tokenizer, settings.seq_len, progress=False)
+    return _Data(len(questions), 2 * int(dataset.lengths.sum()), estimated)
+
+
 _COUNTERS = {"pretrain": _pretrain_data, "sft": _sft_data, "dpo": _dpo_data}
 
 
 def stage_plan(stage: str, profile: Profile, tokenizer: BPETokenizer) -> StagePlan:
     """The plan of training stage ``stage`` on the data ``profile`` uses."""
     settings: TrainSettings = getattr(profile, stage)
-    data = _COUNTERS[stage](dataset_files(stage, profile.data_dir), tokenizer, settings)
+    on_policy = stage == "dpo" and settings.pairs == "on_policy"
+    data = _COUNTERS[stage](dataset_files("sft" if on_policy else stage, profile.data_dir),
+                            tokenizer, settings)
     batch = settings.batch_size * settings.accumulation_steps
     n = MiniMindForCausalLM(profile.model).num_parameters()
     if stage == "pretrain":
@@ -146,6 +166,8 @@ def stage_plan(stage: str, profile: Profile, tokenizer: BPETokenizer) -> StagePl
     flops = flops_per_token(profile.model, int(mean_tokens)) * planned
     if stage == "dpo":  # the reference scores every sampled pair once, forward only
         flops += 2 * n * examples * mean_tokens
+    if on_policy:  # every question answered `samples` times: prompt + answer, forward only
+        flops += 2 * n * settings.samples * data.tokens / 2
     return StagePlan(stage, data.examples, data.tokens, settings.tokens_per_step, steps, planned,
                      steps * batch / max(data.examples, 1), flops, data.estimated)
 
@@ -181,7 +203,7 @@ def plan(profile: Profile, *, cpu_probe: bool = True,
     if cpu_probe:
         rates["this CPU"] = cpu_flops_per_second(profile)
     stages = {}
-    for stage in (s for s in TRAINING_STAGES if s in _COUNTERS):  # lora's data is generated
+    for stage in (s for s in TRAINING_STAGES if s in _COUNTERS):  # lora: generated; grpo: sampled
         p = stage_plan(stage, profile, tokenizer)
         stages[stage] = {**asdict(p), "seconds": {name: p.seconds(r) for name, r in rates.items()}}
     return {"profile": profile.name, "gpu_mfu_assumed": GPU_MFU, "gpu_tflops": GPU_TFLOPS,

@@ -48,6 +48,7 @@ else:  # pragma: no cover - Python 3.10
 from minimind_lib import REPO_ROOT
 from minimind_lib.data import DOWNLOAD_DIR
 from minimind_lib.dpo import DPOSettings
+from minimind_lib.grpo import GRPOSettings
 from minimind_lib.lora import LoRASettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
@@ -57,14 +58,14 @@ PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
 #: The training stages whose settings a profile holds, in order.
-TRAINING_STAGES = ("pretrain", "sft", "dpo", "lora")
+TRAINING_STAGES = ("pretrain", "sft", "dpo", "grpo", "lora")
 
 
 @dataclass(frozen=True)
 class Profile:
     """Everything that differs between CI, a laptop and a GPU: the model, the hyper-parameters
-    of each training stage (``train.TrainSettings``; DPO's add ``beta``, LoRA's the adapter's
-    shape), how the engine runs (``train.RunOptions``) and which data it needs.
+    of each training stage (``train.TrainSettings``; DPO's and GRPO's add their own, LoRA's the
+    adapter's shape), how the engine runs (``train.RunOptions``) and which data it needs.
 
     ``needs_minimind_data``: the profile trains on MiniMind's datasets (``$MINIMIND_DATA_DIR``,
     else ``data/minimind/`` where ``download data`` puts them); otherwise on the data present
@@ -79,6 +80,7 @@ class Profile:
     dpo: DPOSettings
     lora: LoRASettings
     eval_per_task: int  # held-out questions per task type used by evaluations
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
     seed: int = 42
     vision: VisionSettings = field(default_factory=VisionSettings)  # the vision stage (notebook 13)
     train: RunOptions = field(default_factory=RunOptions)
@@ -110,14 +112,19 @@ def _smoke() -> Profile:
                                warmup_steps=5, eval_every=20, save_every=40, max_examples=3000),
         sft=TrainSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
                           warmup_steps=5, eval_every=20, save_every=40, max_examples=4000),
-        # measured: lr 5e-4 x 30 steps left held-out preference accuracy flat (-0.8..-0.4
-        # points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over three seeds
+        # measured (offline pairs): lr 5e-4 x 30 steps left held-out preference accuracy flat
+        # (-0.8..-0.4 points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over 3 seeds
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
-                        warmup_steps=5, eval_every=40, save_every=120, max_examples=1000),
+                        warmup_steps=5, eval_every=40, save_every=120, max_examples=1000,
+                        questions=128, nll_weight=1.0),
         lora=LoRASettings(batch_size=16, seq_len=96, learning_rate=5e-3, max_steps=40,
                           warmup_steps=5, weight_decay=0.0, eval_every=10, save_every=40,
                           max_examples=2000, replay=0.5),
         eval_per_task=20,
+        # GRPO needs a model that is sometimes right: notebook 10 starts it from the shipped
+        # cpu-profile model (data/reference/sft) in this profile too; a few steps, as a smoke test
+        grpo=GRPOSettings(batch_size=4, seq_len=128, learning_rate=2e-4, max_steps=10,
+                          warmup_steps=2, eval_every=5, save_every=10),
         # vision (notebook 13): seconds, not quality. Measured on the smoke sft model: 60 VLM
         # steps at lr 1e-3 left it babbling (VQA 2%); 150 at 3e-3 answer in format (~chance)
         vision=VisionSettings(train_images=2000, eval_images=20, vision_width=32, text_width=32,
@@ -138,8 +145,10 @@ def _cpu() -> Profile:
                                warmup_steps=50, eval_every=100, save_every=400),
         sft=TrainSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
                           warmup_steps=50, eval_every=200, save_every=400),
-        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=2e-5, max_steps=400,
-                        warmup_steps=20, eval_every=50, save_every=200),
+        dpo=DPOSettings(batch_size=8, seq_len=256, learning_rate=3e-4, max_steps=400,
+                        warmup_steps=20, eval_every=50, save_every=200, questions=2000,
+                        tasks="larger_number,arithmetic,first_word,extract_title",
+                        nll_weight=2.0),
         # measured (benchmarks/lora_bench.py, docs/benchmarks.md): at 300 steps LoRA had
         # learnt one direction of the new task (digits_to_hanzi 3-37%), at 600 both; without
         # replay both arms forgot the SFT skills (exact-match 34% -> 0%), with half the
@@ -148,6 +157,10 @@ def _cpu() -> Profile:
                           warmup_steps=20, weight_decay=0.0, eval_every=100, save_every=600,
                           replay=0.5),
         eval_per_task=100,
+        # measured from data/reference/sft (3 tasks, 200 steps): lr 1e-4 +2.6 points of held-out
+        # skill exact-match; 2e-4 +0.0 (format fell to 93%); 1e-4 with 2 updates per batch +0.3
+        grpo=GRPOSettings(batch_size=16, seq_len=256, learning_rate=1e-4, max_steps=200,
+                          warmup_steps=5, eval_every=25, save_every=100),
         vision=VisionSettings(train_images=20000, eval_images=100, clip_steps=800,
                               clip_batch_size=128, vlm_steps=400, vlm_batch_size=16),
     )
@@ -175,10 +188,14 @@ def _gpu() -> Profile:
                                save_every=500),
         sft=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=3,
                           max_steps=2000, warmup_steps=50, eval_every=200, save_every=500),
-        dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=2e-5, epochs=2,
-                        max_steps=1000, warmup_steps=20, eval_every=100, save_every=500),
+        dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, epochs=2,
+                        max_steps=1000, warmup_steps=20, eval_every=100, save_every=500,
+                        questions=4000, tasks="larger_number,arithmetic,first_word,extract_title",
+                        nll_weight=1.0),
         lora=_GPU_LORA,
         eval_per_task=100,
+        grpo=GRPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, max_steps=400,
+                          warmup_steps=10, eval_every=40, save_every=200),
         vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
                               vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
                               clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
@@ -199,8 +216,9 @@ def _full() -> Profile:
                                eval_every=250, save_every=500),
         sft=TrainSettings(batch_size=16, seq_len=512, learning_rate=5e-5, epochs=2,
                           max_steps=None, warmup_steps=100, eval_every=500, save_every=1000),
+        # MiniMind's SFT data has no checkable answers: DPO on its preference pairs (offline)
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,
-                        warmup_steps=50, eval_every=100, save_every=500),
+                        warmup_steps=50, eval_every=100, save_every=500, pairs="offline"),
         lora=_GPU_LORA,
         eval_per_task=200,
         vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,

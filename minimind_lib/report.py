@@ -20,6 +20,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
+from minimind_lib.dpo import PairCounts, pair_table
 from minimind_lib.evaluate import (
     PreferenceScores,
     eval_report,
@@ -42,6 +43,7 @@ TRAINING_STAGES = {  # stage -> extra metrics plotted beside loss and learning r
     "pretrain": (),
     "sft": (),
     "dpo": ("reward_margin", "reward_accuracy"),
+    "grpo": ("reward", "kl", "response_length"),
     "lora": (),
 }
 
@@ -93,16 +95,20 @@ def _stage_table(root: Path) -> tuple[str, float]:
     return "\n".join(lines), total
 
 
-def _dpo_preferences(root: Path) -> str | None:
-    path = root / "dpo" / EVAL_FILE
-    if not path.is_file():
-        return None
-    prefs = json.loads(path.read_text(encoding="utf-8")).get("preference")
-    if not prefs:
-        return None
-    results = {name.upper(): {task: PreferenceScores(**v) for task, v in res.items()}
-               for name, res in prefs.items()}
-    return preference_table(results)
+def _dpo_tables(root: Path) -> list[str]:
+    """The DPO stage's on-policy pair counts (when it sampled its pairs) and held-out
+    preference accuracy, as report lines."""
+    saved = json.loads((root / "dpo" / EVAL_FILE).read_text(encoding="utf-8"))
+    out = []
+    if saved.get("pair_counts"):
+        counts = {task: PairCounts(**c) for task, c in saved["pair_counts"].items()}
+        out += ["On-policy pairs (the SFT model's greedy answer and samples, graded by "
+                "exact-match):", "", pair_table(counts), ""]
+    if saved.get("preference"):
+        results = {name.upper(): {task: PreferenceScores(**v) for task, v in res.items()}
+                   for name, res in saved["preference"].items()}
+        out += ["Held-out preference accuracy:", "", preference_table(results), ""]
+    return out
 
 
 def _lora_section(root: Path) -> str:
@@ -136,13 +142,15 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
               "reused, not rerun)." if wall_seconds is not None else "."), ""]
 
     for stage, title in (("pretrain", "Pretraining"), ("sft", "Supervised fine-tuning"),
-                         ("dpo", "DPO")):
+                         ("dpo", "DPO"), ("grpo", "GRPO")):
+        if stage == "grpo" and read_marker(root / stage) is None:  # optional: only once it ran
+            continue
         out += [f"## {title}", ""]
         figure = _figure(root, stage)
         out += [f"![{stage} loss]({figure})", ""] if figure else [f"(no {stage} metrics yet)", ""]
-        if stage in ("sft", "dpo") and (root / stage / EVAL_FILE).is_file():
-            if stage == "dpo" and (prefs := _dpo_preferences(root)):
-                out += ["Held-out preference accuracy:", "", prefs, ""]
+        if stage in ("sft", "dpo", "grpo") and (root / stage / EVAL_FILE).is_file():
+            if stage == "dpo":
+                out += _dpo_tables(root)
             out += ["Held-out questions (greedy, through the chat template), text perplexity and "
                     "bits per byte:",
                     "", eval_report(read_eval(root / stage)), ""]

@@ -17,7 +17,7 @@ A new stage goes here::
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
-['tokenizer', 'pretrain', 'sft', 'dpo', 'quantize', 'vision', 'lora']
+['tokenizer', 'pretrain', 'sft', 'dpo', 'grpo', 'quantize', 'vision', 'lora']
 >>> STAGES["sft"].requires, STAGES["sft"].starts_from
 (('tokenizer', 'pretrain'), 'pretrain')
 """
@@ -35,16 +35,26 @@ import torch
 import torch.distributed as dist
 
 from minimind_lib.checkpoint import load_model, save_model
-from minimind_lib.data import dataset_files, load_pretrain_split, tokenize_corpus
-from minimind_lib.device import seed_everything
+from minimind_lib.data import dataset_files, load_pretrain_split, read_jsonl, tokenize_corpus
+from minimind_lib.device import pick_device, pick_precision, seed_everything
 from minimind_lib.domain import task_records
-from minimind_lib.dpo import DPODataset, evaluate_preferences, held_out_pairs, train_dpo
+from minimind_lib.dpo import (
+    DPODataset,
+    evaluate_preferences,
+    held_out_pairs,
+    on_policy_pairs,
+    pair_table,
+    reservoir_sample,
+    train_dpo,
+)
 from minimind_lib.evaluate import (
     ModelEval,
+    answer_budget,
     eval_report,
     evaluate_model,
     evaluate_sft,
-    read_eval,
+    load_eval_records,
+    select_per_task,
     summarize,
     summarize_preferences,
 )
@@ -65,6 +75,7 @@ from minimind_lib.files import (
     read_json_lines,
 )
 from minimind_lib.formats import formats_table, measure_formats
+from minimind_lib.grpo import train_grpo
 from minimind_lib.hf import TOKENIZER_FILES
 from minimind_lib.lora import (
     LoRASettings,
@@ -79,6 +90,7 @@ from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.profiles import Profile
 from minimind_lib.quantize import FORMAT as INT8_FORMAT
 from minimind_lib.quantize import quantize_int8
+from minimind_lib.rollout import Question, select_tasks, verifiable_questions
 from minimind_lib.sft import sft_records, train_sft
 from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, BPETokenizer
 from minimind_lib.train import TrainConfig, init_distributed, train
@@ -291,52 +303,146 @@ def sft_stage(ctx: StageContext) -> dict:
             "perplexity": {n: e.perplexity for n, e in evals.items()}}
 
 
-@register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("dpo"), serves=True,
-          description="direct preference optimization of the SFT model against its frozen copy; "
-                      "evaluates before and after")
+def _dpo_sources(profile: Profile) -> list[Path]:
+    """On-policy DPO samples questions from the SFT data; offline DPO reads the DPO pairs."""
+    return dataset_files("sft" if profile.dpo.pairs == "on_policy" else "dpo", profile.data_dir)
+
+
+@register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=_dpo_sources,
+          serves=True,
+          description="direct preference optimization of the SFT model against its frozen copy, "
+                      "on pairs of its own graded answers (or the offline pairs); evaluates "
+                      "before and after")
 def dpo_stage(ctx: StageContext) -> dict:
     """``ctx.start_dir()`` (sft) → DPO-aligned model in ``ctx.out_dir`` with ``profile.dpo``; the
-    reference is the SFT model, its log-probs precomputed. Prints the held-out before/after
-    tables: preference accuracy, then exact-match and format rate."""
+    reference is the SFT model, its log-probs precomputed. The pairs are the model's own
+    answers graded by the evaluation's checker (``dpo.on_policy_pairs``; ``dpo.pairs=offline``:
+    the DPO files). Prints the held-out before/after tables: preference accuracy, then
+    exact-match and format rate."""
     profile, settings = ctx.profile, ctx.profile.dpo
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
-    # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of that
-    # many instead of tokenising and scoring every pair of a big file (MiniMind's dpo.jsonl:
-    # ~200k pairs; the full profile visits 16,000): the same distribution, a fraction of the work
-    visited = (None if settings.max_steps is None
-               else settings.max_steps * settings.batch_size * settings.accumulation_steps)
-    train_set = DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
-                                      settings.seq_len,
-                                      max_examples=settings.max_examples, sample=visited,
-                                      seed=profile.seed)
+    sft_eval = _start_eval(ctx, policy, tokenizer)
+    train_set, pair_counts = _dpo_pairs(ctx, policy, tokenizer)
     held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
-    has_sft_eval = (ctx.start_dir() / EVAL_FILE).is_file()
-    sft_eval = read_eval(ctx.start_dir()).get("sft") if has_sft_eval else None
-    if sft_eval is None:
-        sft_eval = _evaluate(policy, tokenizer, ctx)
 
     config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
                                     precision=ctx.precision, device=ctx.device, seed=profile.seed,
                                     progress=ctx.progress)
-    rows = train_dpo(policy, train_set, config, beta=settings.beta, eval_set=held_out,
-                     resume=ctx.resume, callbacks=ctx.callbacks)
+    rows = train_dpo(policy, train_set, config, beta=settings.beta,
+                     nll_weight=settings.nll_weight, eval_set=held_out, resume=ctx.resume,
+                     callbacks=ctx.callbacks)
     prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
                                  device=ctx.device)
     policy = policy.cpu()
     save_model(policy, ctx.out_dir)
     evals = {"sft": sft_eval, "dpo": _evaluate(policy, tokenizer, ctx)}
     _write_eval(ctx.out_dir, profile.eval_per_task, evals, beta=settings.beta,
-                preference=prefs.to_dict())
+                pairs=settings.pairs, pair_counts=pair_counts, preference=prefs.to_dict())
     print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
           + eval_report(evals))
     before, after = (summarize_preferences(p)["all"] for p in (prefs.sft, prefs.dpo))
-    return {**_training_summary(rows), "pairs": len(train_set),
+    return {**_training_summary(rows), "pairs": len(train_set), "pair_source": settings.pairs,
             "dropped": train_set.dropped, "eval": EVAL_FILE,
             "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
                                     "dpo_logprob": after.logprob_accuracy,
                                     "dpo_reward": after.reward_accuracy},
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
+
+
+def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
+               tokenizer: BPETokenizer) -> tuple[DPODataset, dict]:
+    """The DPO stage's training pairs, and (on-policy) what became of the questions per task."""
+    profile, settings = ctx.profile, ctx.profile.dpo
+    if settings.pairs == "offline":
+        # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of
+        # that many instead of tokenising and scoring every pair of a big file (MiniMind's
+        # dpo.jsonl: ~200k pairs; the full profile visits 16,000): the same distribution
+        visited = (None if settings.max_steps is None
+                   else settings.max_steps * settings.batch_size * settings.accumulation_steps)
+        return DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
+                                     settings.seq_len, max_examples=settings.max_examples,
+                                     sample=visited, seed=profile.seed), {}
+    questions = _questions(profile, settings.tasks, settings.questions, "dpo")
+    device = pick_device(ctx.device)
+    precision = pick_precision(device, ctx.precision)
+    policy.to(device)
+    with precision.context(device):
+        train_set, counts = on_policy_pairs(
+            policy, tokenizer, questions, samples=settings.samples,
+            temperature=settings.temperature,
+            max_new_tokens=answer_budget(tokenizer, [{"answer": q.answer} for q in questions]),
+            seq_len=settings.seq_len, pairs_per_question=settings.pairs_per_question,
+            generator=torch.Generator(device).manual_seed(profile.seed), progress=ctx.progress)
+    print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
+    return train_set, {task: asdict(c) for task, c in counts.items()}
+
+
+def _questions(profile: Profile, tasks: str, count: int | None, stage: str) -> list[Question]:
+    """A seeded sample of ``count`` checkable training questions of ``tasks`` (None: all)."""
+    records = (r for path in dataset_files("sft", profile.data_dir) for r in read_jsonl(path, "sft"))
+    questions = verifiable_questions(records, None)
+    if not questions:
+        raise ValueError(f"{stage}: no SFT record carries a 'task', so no answer can be checked "
+                         "(MiniMind's own SFT data has none); train on the bundled data"
+                         + (", or use --set dpo.pairs=offline" if stage == "dpo" else ""))
+    wanted = select_tasks(tasks, {q.task: q.family for q in questions})
+    questions = [q for q in questions if q.task in wanted]
+    return questions if count is None else reservoir_sample(questions, count, profile.seed)
+
+
+def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
+                tokenizer: BPETokenizer) -> ModelEval:
+    """The starting model's held-out record: read from its folder's ``eval.json`` when that
+    scored the same questions (same ``per_task``), else measured now."""
+    start = ctx.start_dir()
+    name = get_stage(ctx.stage).starts_from if ctx.init is None else start.name
+    if (start / EVAL_FILE).is_file():
+        saved = json.loads((start / EVAL_FILE).read_text(encoding="utf-8"))
+        if saved.get("per_task") == ctx.profile.eval_per_task and name in saved.get("models", {}):
+            return ModelEval.from_dict(saved["models"][name])
+    return _evaluate(model, tokenizer, ctx)
+
+
+@register("grpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("sft"),
+          serves=True, in_all=False,
+          description="GRPO with verifiable rewards: groups of sampled answers to checkable "
+                      "questions, rewarded by the exact-match checker; evaluates before and after")
+def grpo_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft, or ``--init DIR``) → GRPO-trained model in ``ctx.out_dir`` with
+    ``profile.grpo`` (``metrics.jsonl``: reward, kl, response_length per step; ``eval.json``:
+    the held-out scores before and after). Not part of ``all``: DPO is the course's default
+    alignment step; GRPO is its RL sibling (notebook 10)."""
+    profile, settings = ctx.profile, ctx.profile.grpo
+    tokenizer = ctx.tokenizer()
+    policy = load_model(ctx.start_dir())
+    questions = _questions(profile, settings.tasks, None, "grpo")
+    # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
+    held_out = verifiable_questions(select_per_task(load_eval_records(),
+                                                    min(50, profile.eval_per_task)), settings.tasks)
+    before = _start_eval(ctx, policy, tokenizer)
+    config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device, seed=profile.seed,
+                                    progress=ctx.progress)
+    train_grpo(policy, tokenizer, questions, settings, config, resume=ctx.resume,
+               held_out=held_out, callbacks=ctx.callbacks)
+    rows = read_json_lines(ctx.out_dir / METRICS_FILE)  # every step, also those before a resume
+    if all(r["signal"] == 0 for r in rows):
+        print(f"grpo: no group ever disagreed (every answer earned the same reward), so nothing "
+              f"was learned: the starting model never answers the tasks {settings.tasks!r} "
+              "right. Start from a model that sometimes does, e.g. --init data/reference/sft")
+    policy = policy.cpu()
+    save_model(policy, ctx.out_dir)
+    evals = {"sft": before, "grpo": _evaluate(policy, tokenizer, ctx)}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
+    print("held-out questions\n" + eval_report(evals))
+    fifth = max(1, len(rows) // 5)
+    return {**_training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
+            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
+                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
+                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}
 
 
 @register("quantize", requires=("tokenizer", "dpo"), starts_from="dpo",

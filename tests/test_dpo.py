@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
 import pytest
 import torch
 
+import minimind_lib.dpo as dpo_module
 from minimind_lib.checkpoint import save_model
+from minimind_lib.data import sft_example
 from minimind_lib.dpo import (
     DPODataset,
     DPOLoss,
@@ -16,18 +19,21 @@ from minimind_lib.dpo import (
     collate_pairs,
     dpo_loss,
     frozen_copy,
+    on_policy_pairs,
     pair_logprobs,
+    pick_pair,
     read_dpo_eval,
     reservoir_sample,
     sequence_logprobs,
     train_dpo,
 )
-from minimind_lib.evaluate import summarize_preferences
+from minimind_lib.evaluate import Answer, summarize_preferences
 from minimind_lib.model import IGNORE_INDEX, MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.profiles import get_profile
+from minimind_lib.rollout import Question, Sample, is_correct, reply
 from minimind_lib.sft import train_sft
 from minimind_lib.stages import STAGES, StageContext
-from minimind_lib.tokenizer import load_tokenizer
+from minimind_lib.tokenizer import IM_END, encode_chat, load_tokenizer
 from minimind_lib.train import TrainConfig, train
 
 TOK = load_tokenizer()
@@ -232,6 +238,97 @@ def test_train_dpo_live_and_precomputed_reference_agree():
         assert a["reward_margin"] == pytest.approx(b["reward_margin"], abs=1e-5)
 
 
+# --- on-policy pairs ---------------------------------------------------------------------------
+
+
+def test_pick_pair_rejects_the_first_wrong_and_chooses_the_first_right():
+    assert pick_pair([False, False, True, True]) == (2, 0)  # greedy wrong: it is the rejected
+    assert pick_pair([True, True, False]) == (0, 2)
+    assert pick_pair([False, False]) == (None, 0)  # nobody right: the reference is chosen
+    assert pick_pair([True, True, True]) is None  # nothing to prefer
+
+
+def test_dpo_loss_with_nll_adds_the_chosen_answers_per_token_nll():
+    policy, ds = tiny_model(), DPODataset(PAIRS, TOK, seq_len=64)
+    batch = ds.collate([ds[i] for i in range(4)])
+    reference = frozen_copy(tiny_model(seed=1))  # another model: rewards are not 0
+    plain, _ = DPOLoss(0.1, reference)(policy, batch)
+    mixed, metrics = DPOLoss(0.1, reference, nll_weight=0.5)(policy, batch)
+    logps = sequence_logprobs(policy, batch["input_ids"], batch["labels"])[:4]
+    tokens = (batch["labels"][:4, 1:] != IGNORE_INDEX).sum(dim=1)  # answer + <|im_end|>
+    nll = -(logps / tokens).mean()
+    assert metrics["nll"].item() == pytest.approx(nll.item(), abs=1e-6)
+    assert mixed.item() == pytest.approx(plain.item() + 0.5 * nll.item(), abs=1e-6)
+    with pytest.raises(ValueError, match="nll_weight must be >= 0"):
+        DPOLoss(0.1, nll_weight=-1.0)
+
+
+QUESTIONS = [Question(p["chosen"][:-1], p["chosen"][-1]["content"], "larger_number", "skill")
+             for p in PAIRS[:4]]
+
+
+def _scripted(texts_per_question: list[list[str]]):
+    """A stand-in for ``sample_answers`` that 'samples' the given replies, in order: first the
+    greedy call (k=1), then the sampled one (k-1)."""
+    def fake(model, tokenizer, questions, k, **kw):
+        start = 0 if k == 1 else 1
+        out = []
+        for q, texts in zip(questions, texts_per_question, strict=True):
+            prompt = encode_chat(TOK, q.messages, add_generation_prompt=True)
+            out.append([Sample(prompt, TOK.encode(t) + [TOK.token_to_id(IM_END)], Answer(t, True))
+                        for t in texts[start:start + k]])
+        return out
+    return fake
+
+
+def test_on_policy_pairs_pair_graded_answers_token_for_token(monkeypatch):
+    # question 0: greedy wrong, a sample right; 1: every answer right; 2: nobody right;
+    # 3: greedy right, one sample wrong
+    texts = [["3", "7", "3"], ["9", "9", "9"], ["5", "2", "1"], ["40", "4", "40"]]
+    monkeypatch.setattr(dpo_module, "sample_answers", _scripted(texts))
+    ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
+                                 max_new_tokens=8, seq_len=64)
+    answer = [TOK.decode([t for t in ds[i][f"{side}_labels"].tolist() if t != IGNORE_INDEX])
+              for i in range(len(ds)) for side in ("chosen", "rejected")]
+    assert answer == ["7<|im_end|>", "3<|im_end|>", "12<|im_end|>", "5<|im_end|>",
+                      "40<|im_end|>", "4<|im_end|>"]
+    c = counts["all"]
+    assert (c.questions, c.pairs, c.all_right, c.sampled_chosen, c.reference_chosen,
+            c.greedy_right) == (4, 3, 1, 2, 1, 2)
+    # the reference chosen is tokenised exactly as SFT tokenises that answer
+    ids, labels = sft_example(TOK, PAIRS[2]["chosen"], 64)
+    assert ds[1]["chosen_labels"][ds[1]["chosen_labels"] != IGNORE_INDEX].tolist() == \
+        [t for t in labels if t != IGNORE_INDEX]
+    assert ds[1]["chosen_input_ids"].tolist() == ids[:len(ds[1]["chosen_input_ids"])]
+
+
+def test_more_pairs_per_question_use_further_different_wrong_answers(monkeypatch):
+    texts = [["3", "7", "3"], ["9", "9", "9"], ["5", "2", "1"], ["40", "4", "40"]]
+    monkeypatch.setattr(dpo_module, "sample_answers", _scripted(texts))
+    ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
+                                 max_new_tokens=8, seq_len=64, pairs_per_question=2)
+    answer = [TOK.decode([t for t in ds[i][f"{side}_labels"].tolist() if t != IGNORE_INDEX])
+              for i in range(len(ds)) for side in ("chosen", "rejected")]
+    # question 0: "3" twice is one wrong answer; question 2: the reference against "5" and "2"
+    assert answer == ["7<|im_end|>", "3<|im_end|>", "12<|im_end|>", "5<|im_end|>",
+                      "12<|im_end|>", "2<|im_end|>", "40<|im_end|>", "4<|im_end|>"]
+    assert counts["all"].pairs == 4 and counts["all"].reference_chosen == 2
+
+
+def test_on_policy_pairs_from_a_real_model_reject_only_wrong_answers():
+    ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
+                                 max_new_tokens=6, seq_len=64,
+                                 generator=torch.Generator().manual_seed(0))
+    # an untrained model never answers right: every pair is reference vs its own answer
+    assert counts["all"].pairs == len(ds) == 4 and counts["all"].reference_chosen == 4
+    for i, q in enumerate(QUESTIONS):
+        chosen = TOK.decode([t for t in ds[i]["chosen_labels"].tolist() if t != IGNORE_INDEX])
+        rejected = ds[i]["rejected_labels"][ds[i]["rejected_labels"] != IGNORE_INDEX].tolist()
+        assert chosen == q.answer + "<|im_end|>"
+        assert not is_correct(reply(TOK, rejected)[1], q.answer)
+        assert 1 <= len(rejected) <= 6
+
+
 # --- end to end: the smoke profile ------------------------------------------------------------
 
 
@@ -245,7 +342,7 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
     # more pairs right; the earlier 5e-4 x 30 steps moved it by -0.8 to -0.4), on every
     # held-out pair (100 per task) so the rise is counted in pairs, not in the noise of 20
     profile = replace(smoke, eval_per_task=100,
-                      dpo=replace(smoke.dpo, learning_rate=1e-3, max_steps=120))
+                      dpo=replace(smoke.dpo, learning_rate=1e-3, max_steps=120, pairs="offline"))
     (tmp_path / "tokenizer").mkdir()
     TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
     torch.manual_seed(profile.seed)
@@ -266,3 +363,27 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
     assert set(evals) == {"sft", "dpo"}
     assert summarize_preferences(prefs.dpo)["all"].n == 1200
     assert "reward acc. DPO" in capsys.readouterr().out
+
+
+def test_dpo_stage_on_policy_pairs_the_models_own_answers(tmp_path, capsys):
+    """The default (on-policy) dpo stage: it samples and grades, writes the pair counts into
+    eval.json, and trains on those pairs with the NLL term logged."""
+    smoke = get_profile("smoke")
+    assert smoke.dpo.pairs == "on_policy"
+    profile = replace(smoke, eval_per_task=2,
+                      dpo=replace(smoke.dpo, questions=24, max_steps=3, warmup_steps=1,
+                                  eval_every=3, save_every=3, nll_weight=1.0))
+    (tmp_path / "tokenizer").mkdir()
+    TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
+    save_model(tiny_model(), tmp_path / "sft")
+    ctx = StageContext("dpo", profile, tmp_path, device="cpu", precision="fp32", progress=False)
+    ctx.out_dir.mkdir()
+    summary = STAGES["dpo"].run(ctx)
+    assert summary["pair_source"] == "on_policy" and summary["steps"] == 3
+    saved = json.loads((ctx.out_dir / "eval.json").read_text())
+    counts = saved["pair_counts"]["all"]
+    assert counts["questions"] == 24 and counts["pairs"] == summary["pairs"]
+    assert counts["pairs"] + counts["all_right"] + counts["too_long"] == 24
+    rows = [json.loads(line) for line in (ctx.out_dir / "metrics.jsonl").open()]
+    assert all("nll" in r for r in rows)
+    assert "on-policy pairs" in capsys.readouterr().out

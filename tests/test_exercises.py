@@ -14,6 +14,7 @@ import torch
 
 from minimind_lib import REPO_ROOT
 from minimind_lib.data import sft_example
+from minimind_lib.dpo import answer_logprobs, dpo_loss
 from minimind_lib.exercises import CHECKS, exercise
 from minimind_lib.model import MiniMindForCausalLM, load_balancing_loss
 from minimind_lib.tokenizer import apply_chat_template
@@ -197,6 +198,18 @@ WRONG: dict[str, object] = {
     "09.2": lambda W, A, B, alpha: W + alpha * B @ A,
     "09.3": lambda config, rank, targets: (config.num_hidden_layers * len(targets) * rank
                                            * 2 * config.hidden_size),
+    # notebook 06: the sign of eq. 8 flipped; the sum instead of the mean; >= counts ties;
+    # the NLL summed over the answer instead of per token
+    "06.1": lambda margin, beta, B: beta / B * torch.sigmoid(-margin),
+    "06.2": lambda logits, labels: answer_logprobs(logits, labels),
+    "06.3": lambda pol, ref: ((pol - ref)[:, 0] >= (pol - ref)[:, 1]).float().mean(),
+    "06.4": lambda pi_w, pi_l, ref_w, ref_l, n_w, beta, alpha: (
+        dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)[0] - alpha * pi_w.mean()),
+    # notebook 10: the mean of the whole group as baseline; k1 instead of k2; clipping
+    # counted wherever the ratio leaves [1 - eps, 1 + eps], whatever the advantage's sign
+    "10.1": lambda rewards: rewards - rewards.mean(dim=1, keepdim=True),
+    "10.2": lambda logp, ref: logp - ref,
+    "10.3": lambda ratio, adv, mask, eps: (((ratio - 1).abs() > eps) & mask).sum() / mask.sum(),
 }
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny import tiny_model
 
 import minimind_lib.dpo as dpo_module
 from minimind_lib.checkpoint import save_model
@@ -28,7 +29,7 @@ from minimind_lib.dpo import (
     train_dpo,
 )
 from minimind_lib.evaluate import Answer, summarize_preferences
-from minimind_lib.model import IGNORE_INDEX, MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import IGNORE_INDEX, MiniMindForCausalLM
 from minimind_lib.profiles import get_profile
 from minimind_lib.rollout import Question, Sample, is_correct, reply
 from minimind_lib.sft import train_sft
@@ -37,13 +38,6 @@ from minimind_lib.tokenizer import IM_END, encode_chat, load_tokenizer
 from minimind_lib.train import TrainConfig, train
 
 TOK = load_tokenizer()
-
-
-def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, num_key_value_heads=1,
-                                              max_position_embeddings=256))
 
 
 def pair(question: str, good: str, bad: str, task: str = "t") -> dict:

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny import tiny_model
 
 from minimind_lib.evaluate import Answer
 from minimind_lib.grpo import (
@@ -25,19 +26,12 @@ from minimind_lib.grpo import (
     rollout_batches,
     train_grpo,
 )
-from minimind_lib.model import IGNORE_INDEX, MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import IGNORE_INDEX
 from minimind_lib.rollout import Question, Sample
 from minimind_lib.tokenizer import load_tokenizer
 from minimind_lib.train import TrainConfig
 
 TOK = load_tokenizer()
-
-
-def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, num_key_value_heads=1,
-                                              max_position_embeddings=256))
 
 
 # --- 1. advantages ---------------------------------------------------------------------------

@@ -1,9 +1,19 @@
-"""Small shared pieces for the serving tests."""
+"""Small shared pieces of the tests: a tiny model, a noisy one for the serving tests."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+
+
+def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
+    """A seeded one-layer model (hidden 32, 2 heads, 1 KV head) over the course vocabulary."""
+    torch.manual_seed(seed)
+    return MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, num_key_value_heads=1,
+                                              max_position_embeddings=256))
 
 
 def noisy(model: nn.Module, std: float = 0.5) -> nn.Module:

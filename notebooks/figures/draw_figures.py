@@ -4,7 +4,8 @@ Each ``fig_*`` function below draws one diagram with matplotlib and is saved as
 ``notebooks/figures/<name>.svg`` (text kept as text, so any browser renders it, Chinese
 included, and GitHub and JupyterLab both show it from a notebook's markdown:
 ``![...](figures/<name>.svg)``). The diagrams are drawn, not measured: every number in them
-is an example or a shape, never a result. ``tests/test_figures.py`` checks that every figure a
+is an example or a shape, never a result (notebook 13's show the course's own synthetic
+pictures, drawn by ``minimind_lib.scenes``). ``tests/test_figures.py`` checks that every figure a
 notebook shows exists and that this script draws exactly the files in this folder.
 """
 
@@ -49,13 +50,16 @@ def canvas(width: float, height: float) -> tuple[plt.Figure, plt.Axes]:
 
 
 def box(ax, x: float, y: float, w: float, h: float, text: str = "", color: str = DATA,
-        size: float = 10, mono: bool = False, edge: str = "#374151", **kw) -> None:
-    """A rounded box with its lower-left corner at (x, y), text centred."""
+        size: float = 10, mono: bool = False, edge: str = "#374151",
+        **kw) -> tuple[float, float, float, float]:
+    """A rounded box with its lower-left corner at (x, y), text centred; returns (x, y, w, h)
+    for ``link``."""
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06",
                                 fc=color, ec=edge, lw=1))
     if text:
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
                 family="DejaVu Sans Mono" if mono else "DejaVu Sans", **kw)
+    return x, y, w, h
 
 
 def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "",
@@ -69,6 +73,30 @@ def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = 
         dx = 0.08 if side == "right" else -0.08
         ax.text(mx + dx, my, text, ha="left" if side == "right" else "right", va="center",
                 fontsize=size, color="#374151")
+
+
+def link(ax, a: tuple[float, float, float, float], b: tuple[float, float, float, float],
+         text: str = "", color: str = "#374151", ls: str = "-", rad: float = 0.0,
+         size: float = 8.5) -> None:
+    """An arrow from box ``a`` to box ``b`` (each the (x, y, w, h) ``box`` returns), on the line
+    between their centres, from edge to edge; ``text`` beside its middle."""
+
+    def centre(r):
+        return r[0] + r[2] / 2, r[1] + r[3] / 2
+
+    def edge(r, toward):
+        (x, y), (tx, ty) = centre(r), centre(toward)
+        dx, dy = tx - x, ty - y
+        t = min((r[2] / 2 + 0.06) / abs(dx) if dx else float("inf"),
+                (r[3] / 2 + 0.06) / abs(dy) if dy else float("inf"))
+        return x + t * dx, y + t * dy
+
+    start, end = edge(a, b), edge(b, a)
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=color,
+                                 lw=1.2, ls=ls, connectionstyle=f"arc3,rad={rad}"))
+    if text:
+        ax.text((start[0] + end[0]) / 2 + 0.12, (start[1] + end[1]) / 2, text, ha="left",
+                va="center", fontsize=size, color=color)
 
 
 def label(ax, x: float, y: float, text: str, size: float = 9, **kw) -> None:
@@ -500,6 +528,72 @@ def fig_sft_batch() -> plt.Figure:
     return fig
 
 
+# =========================================================================== 06 · DPO
+
+
+@figure
+def fig_dpo_loss() -> plt.Figure:
+    """Notebook 06: one preference pair, scored by the policy and the frozen reference, becomes
+    the DPO loss."""
+    fig, ax = canvas(10.8, 4.7)
+    label(ax, 0.15, 4.45, "DPO on one pair (Rafailov et al. 2023, eq. 7)", size=11, weight="bold")
+    pair = box(ax, 0.15, 1.45, 1.9, 0.85, "pair (x, y_w, y_l):\nsame prompt x,\nchosen y_w, "
+               "rejected y_l", DATA, size=8.5)
+    policy = box(ax, 2.6, 2.75, 1.5, 0.6, "policy π_θ\n(trained)", PARAM, size=8.5)
+    ref = box(ax, 2.5, 0.4, 1.7, 0.6, "reference π_ref\n(frozen SFT copy)", NOTE, size=8.5)
+    link(ax, pair, policy)
+    link(ax, pair, ref)
+    lp = box(ax, 4.6, 2.75, 2.6, 0.6, "log π_θ(y_w|x), log π_θ(y_l|x)\nsummed over answer tokens",
+             OP, size=8.5)
+    lr = box(ax, 4.55, 0.4, 2.7, 0.6, "log π_ref(y_w|x), log π_ref(y_l|x)\n(precomputed once)",
+             OP, size=8.5)
+    link(ax, policy, lp)
+    link(ax, ref, lr)
+    rewards = box(ax, 6.85, 1.45, 1.7, 0.85, "implicit rewards\nr̂ = β log π_θ / π_ref\n"
+                  "for y_w and y_l", OP, size=8.5)
+    link(ax, lp, rewards)
+    link(ax, lr, rewards)
+    loss = box(ax, 9.0, 1.45, 1.65, 0.85, "loss =\n−log σ(r̂_w − r̂_l)\n(= ln 2 at the start)",
+               OP, size=8.5)
+    link(ax, rewards, loss)
+    ax.add_patch(FancyArrowPatch((loss[0] + loss[2] / 2, 2.36), (3.35, 3.41), arrowstyle="-|>",
+                                 mutation_scale=12, color="#b91c1c", lw=1.2, ls="--",
+                                 connectionstyle="arc3,rad=0.2"))
+    label(ax, 6.7, 3.72, "gradient: raise log π_θ(y_w|x), lower log π_θ(y_l|x),\nweighted by "
+          "σ(r̂_l − r̂_w): most for pairs ranked wrongly", size=8, color="#b91c1c", ha="center",
+          va="bottom")
+    return fig
+
+
+@figure
+def fig_on_policy_pairs() -> plt.Figure:
+    """Notebook 06: on-policy pairs from the SFT model's own graded answers, next to the offline
+    pairs of the data files."""
+    fig, ax = canvas(10.5, 4.5)
+    label(ax, 0.15, 4.25, "On-policy DPO pairs: the model's own answers, graded", size=11,
+          weight="bold")
+    q = box(ax, 0.15, 3.0, 1.9, 0.65, "training question x\n+ reference answer", DATA, size=8.5)
+    model = box(ax, 2.55, 3.0, 2.1, 0.65, "SFT model answers:\ngreedy + (k−1) samples", PARAM,
+                size=8.5)
+    link(ax, q, model)
+    grade = box(ax, 5.15, 2.92, 2.2, 0.8, "grade each answer:\nexact-match + format\n"
+                "(the evaluation's checker)", OP, size=8.5)
+    link(ax, model, grade)
+    cases = [(0.5, "some right, some wrong", "chosen: a right answer\nrejected: a wrong one\n"
+              "(the greedy one when it is wrong)", PARAM),
+             (3.95, "none right", "chosen: the reference\nrejected: a wrong answer", PARAM),
+             (7.4, "all right", "no pair:\nnothing to prefer", MASK)]
+    for x, case, text, color in cases:
+        b = box(ax, x, 1.15, 2.6, 0.95, color=color)
+        link(ax, grade, b)
+        label(ax, x + 1.3, 1.9, case, size=8.5, ha="center", va="center", style="italic")
+        label(ax, x + 1.3, 1.48, text, size=8.5, ha="center", va="center")
+    box(ax, 0.5, 0.2, 9.5, 0.6, "offline pairs (the data files): chosen = the reference, "
+        "rejected = an unrelated answer:\npairs the SFT model already ranks right, not its own "
+        "mistakes", "white", size=8.5)
+    return fig
+
+
 # =========================================================================== 07 · quantisation
 
 
@@ -765,6 +859,180 @@ def fig_lora_merge() -> plt.Figure:
             ha="center", fontsize=10)
     ax.text(7.1, 3.8, "merge: fold the update into the weight (B drawn 4× wider, A 4× "
             "taller, to be seen)", ha="center", fontsize=10)
+    return fig
+
+
+# =========================================================================== 10 · GRPO
+
+
+@figure
+def fig_grpo_step() -> plt.Figure:
+    """Notebook 10: one GRPO step, from a group of sampled answers to the update."""
+    fig, ax = canvas(10.5, 4.6)
+    label(ax, 0.15, 4.35, "One GRPO step (Shao et al. 2024, DeepSeekMath eq. 3)", size=11,
+          weight="bold")
+    q = box(ax, 0.15, 3.2, 1.7, 0.6, "question q\n(a checkable task)", DATA, size=8.5)
+    policy = box(ax, 2.4, 3.1, 1.9, 0.8, "policy π_θ\nsamples G answers\n(temperature 1)", PARAM,
+                 size=8.5)
+    link(ax, q, policy)
+    group = box(ax, 4.9, 3.2, 2.2, 0.6, "o_1 … o_G\n“7”, “3”, “7”, “73”, …", DATA, size=8.5)
+    link(ax, policy, group)
+    reward = box(ax, 7.7, 3.1, 2.0, 0.8, "rewards r_i\n1 if exact-match\n(+ format bonus)", OP,
+                 size=8.5)
+    link(ax, group, reward)
+    adv = box(ax, 7.5, 1.6, 2.4, 0.8, "advantages\nA_i = (r_i − mean r) / std r\n"
+              "(Dr. GRPO: no std)", OP, size=8.5)
+    link(ax, reward, adv)
+    ref = box(ax, 2.4, 0.2, 1.9, 0.6, "reference π_ref\n(frozen start model)", NOTE, size=8.5)
+    objective = box(ax, 2.2, 1.5, 4.6, 1.0, "per token: min(ρ A, clip(ρ, 1±ε) A) − β KL_k3\n"
+                    "ρ = π_θ / π_old,   KL_k3 = π_ref/π_θ − log(π_ref/π_θ) − 1\n"
+                    "mean over tokens (GRPO) or sum / budget (Dr. GRPO)", OP, size=8.5)
+    link(ax, adv, objective)
+    link(ax, ref, objective)
+    link(ax, objective, policy, "gradient step(s)", color="#b91c1c", ls="--")
+    return fig
+
+
+@figure
+def fig_clipped_objective() -> plt.Figure:
+    """Notebook 10: PPO's clipped objective against the ratio, for A = +1 and A = -1, with the
+    range where its gradient is 0."""
+    import numpy as np
+
+    eps = 0.2
+    rho = np.linspace(0.0, 2.0, 401)
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.3))
+    for ax, a in zip(axes, (1.0, -1.0), strict=True):
+        unclipped = rho * a
+        objective = np.minimum(unclipped, np.clip(rho, 1 - eps, 1 + eps) * a)
+        flat = objective != unclipped  # the clipped term is the min: no gradient there
+        ax.plot(rho, unclipped, color="grey", ls=":", label="ρ A (unclipped)")
+        ax.plot(rho, objective, color="tab:blue", lw=2, label="min(ρ A, clip(ρ) A)")
+        ax.fill_between(rho, objective.min() - 0.2, objective.max() + 0.2, where=flat,
+                        color="tab:red", alpha=0.12, label="gradient 0")
+        ax.axvline(1.0, color="black", lw=0.6)
+        ax.set(xlabel="ratio ρ = π_θ / π_old", title=f"advantage A = {a:+g}  (ε = {eps})")
+        ax.legend(fontsize=7.5, loc="upper left" if a > 0 else "lower left")
+    fig.tight_layout()
+    return fig
+
+
+
+# =========================================================================== 13 · vision
+
+
+@figure
+def fig_patches() -> plt.Figure:
+    """Notebook 13: one of the course's own pictures (``minimind_lib.scenes``) as patch tokens."""
+    from minimind_lib.scenes import caption, make_scene, render
+    from minimind_lib.vision import CLIPConfig
+
+    patch, n = CLIPConfig().patch_size, CLIPConfig().grid
+    scene = make_scene(0, "train", 3)
+    image = render(scene)
+    fig, ax = canvas(10.5, 3.9)
+    fig.suppressComposite = True  # each picture its own pixels in the SVG, drawn crisp
+    side = 3.0
+    ax.imshow(image, extent=(0.2, 0.2 + side, 0.2, 0.2 + side), aspect="auto",
+              interpolation="none")
+    for k in range(1, n):
+        ax.plot([0.2 + k * side / n] * 2, [0.2, 0.2 + side], color="black", lw=0.8)
+        ax.plot([0.2, 0.2 + side], [0.2 + k * side / n] * 2, color="black", lw=0.8)
+    ax.add_patch(Rectangle((0.2, 0.2), side, side, fill=False, ec="black", lw=0.8))
+    label(ax, 0.2 + side / 2, 3.3, f"{image.shape[0]}x{image.shape[1]} picture, {patch}x{patch} "
+          f"patches\n\u201c{caption(scene)}\u201d", size=9, ha="center", va="bottom")
+    shown = [0, 1, None, *range(2 * n, 2 * n + 4), *range(3 * n, 3 * n + 4), None, n * n - 1]
+    step, tile = 0.475, 0.4
+    for i, k in enumerate(shown):
+        x = 3.75 + i * step
+        if k is None:
+            label(ax, x + tile / 2, 2.45, "...", size=14, ha="center", va="center")
+            continue
+        r, c = divmod(k, n)
+        ax.imshow(image[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch],
+                  extent=(x, x + tile, 2.25, 2.25 + tile), aspect="auto", interpolation="none")
+        ax.add_patch(Rectangle((x, 2.25), tile, tile, fill=False, ec="black", lw=0.6))
+        label(ax, x + tile / 2, 2.12, str(k), size=7, ha="center", va="top")
+    label(ax, 3.75 + len(shown) * step / 2, 2.9, f"{n * n} tokens in reading order; each one is "
+          f"3x{patch}x{patch} = {3 * patch * patch} numbers -> linear layer + learned position",
+          size=9, ha="center", va="bottom")
+    arrow(ax, (3.75 + len(shown) * step / 2, 1.8), (3.75 + len(shown) * step / 2, 1.42))
+    box(ax, 3.75, 0.55, len(shown) * step - 0.05, 0.8, "encoder blocks: the course's Block "
+        "without the causal mask\n(every patch sees every patch)  ->  mean over patches  ->  "
+        "image embedding", DATA, size=9)
+    return fig
+
+
+@figure
+def fig_clip() -> plt.Figure:
+    """Notebook 13: a batch of pictures against its captions, the similarity matrix of CLIP."""
+    from minimind_lib.scenes import caption, make_scene, render
+
+    scenes = [make_scene(0, "train", i) for i in (3, 5, 8, 11)]
+    n, cell, x0, top = len(scenes), 1.0, 1.9, 4.75
+    fig, ax = canvas(6.9, 6.3)
+    fig.suppressComposite = True
+    label(ax, 0.15, 6.05, "cell (i, j) = exp(t) · cos(image i, caption j); the loss is "
+          "cross-entropy along every row AND\nevery column, with the right answer on the "
+          "diagonal (CLIP's symmetric InfoNCE)", size=9, va="top")
+    label(ax, x0 + n * cell / 2, 5.45, "captions (text encoder)", size=10, ha="center")
+    for i, s in enumerate(scenes):
+        y = top - (i + 1) * cell
+        ax.imshow(render(s), extent=(0.75, 1.55, y + 0.1, y + 0.9), aspect="auto",
+                  interpolation="none")
+        words = caption(s).split(" ")
+        label(ax, x0 + (i + 0.5) * cell, top + 0.08, "\n".join(
+            [" ".join(words[:2]), " ".join(words[2:4]), " ".join(words[4:])]), size=8,
+            ha="center", va="bottom")
+        for j in range(n):
+            ax.add_patch(Rectangle((x0 + j * cell + 0.05, y + 0.05), cell - 0.1, cell - 0.1,
+                                   color="#4c9a5b" if i == j else "#e9e9e9"))
+            if i == j:
+                label(ax, x0 + (j + 0.5) * cell, y + 0.5, "match", size=8, ha="center",
+                      va="center", color="white")
+    label(ax, 1.15, top - n * cell - 0.1, "pictures\n(image encoder)", size=9, ha="center",
+          va="top")
+    return fig
+
+
+@figure
+def fig_vlm() -> plt.Figure:
+    """Notebook 13: the VLM's input: the chat prompt with image slots, filled by the frozen
+    encoder and the trained projector; the loss on the answer only."""
+    from minimind_lib.scenes import make_scene, render
+    from minimind_lib.vision import CLIPConfig
+    from minimind_lib.vlm import VisionSettings
+
+    n, tokens = CLIPConfig().grid, VisionSettings().image_tokens
+    fig, ax = canvas(10.5, 4.3)
+    label(ax, 0.15, 4.05, f"MiniMind-V style: the picture becomes {tokens} extra 'words' the "
+          "chat model reads", size=11, weight="bold")
+    parts = [("<|im_start|>system ... <|im_end|>", NOTE), ("<|im_start|>user\\n", NOTE),
+             ("image slots (id -200)", OP), ("What colour is the shape?<|im_end|>", NOTE),
+             ("<|im_start|>assistant\\n", NOTE), ("red<|im_end|>", "#b7e4b0")]
+    x = 0.15
+    for text, color in parts:
+        w = 0.058 * len(text) + 0.25
+        b = box(ax, x, 0.55, w, 0.6, text, color, size=7.5)
+        if "slots" in text:
+            slots = x + w / 2
+        x += w + 0.05
+    label(ax, b[0] + b[2] / 2, 1.25, "loss here only", size=8, ha="center", color="#166534")
+    label(ax, 0.15, 0.15, "the prompt's ids: text encoded as text (never parsed for markers); "
+          "the slots put in by position, so no typed text can make one", size=8.5)
+    red_circle = next(sc for sc in (make_scene(0, "held_out", i) for i in range(100))
+                      if sc.pair == ("red", "circle") and sc.count == 1 and sc.size == "big")
+    ax.imshow(render(red_circle), extent=(slots - 0.35, slots + 0.35, 3.05, 3.75), aspect="auto",
+              interpolation="none")
+    box(ax, slots - 2.3, 2.3, 4.6, 0.45, f"frozen image encoder (the tiny CLIP's ViT): {n * n} "
+        "patch features", DATA, size=8.5)
+    box(ax, slots - 2.45, 1.55, 4.9, 0.45, f"projector: 2x2 patches merged -> MLP -> {tokens} "
+        "vectors of the LM's width", OP, size=8.5)
+    label(ax, slots + 2.45, 2.52, "frozen", size=8, va="center", color="#2a5599")
+    label(ax, slots + 2.6, 1.77, "trained", size=8, va="center", color="#a05a00")
+    arrow(ax, (slots, 3.03), (slots, 2.79))
+    arrow(ax, (slots, 2.28), (slots, 2.04))
+    arrow(ax, (slots, 1.53), (slots, 1.19))
     return fig
 
 

@@ -80,6 +80,7 @@ from minimind_lib.train import (
     TrainingDiverged,
     TrainSettings,
     make_optimizer,
+    require_positive,
     train_step,
 )
 
@@ -110,10 +111,7 @@ class GRPOSettings(TrainSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        for field_name in ("group_size", "max_new_tokens", "policy_epochs"):
-            if getattr(self, field_name) <= 0:
-                raise ValueError(f"{name}.{field_name} must be positive, got "
-                                 f"{getattr(self, field_name)}")
+        require_positive(self, "group_size", "max_new_tokens", "policy_epochs")
         if self.group_size < 2:
             raise ValueError(f"{name}.group_size must be at least 2 (a group is its own "
                              f"baseline), got {self.group_size}")

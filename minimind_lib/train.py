@@ -67,6 +67,17 @@ from minimind_lib.files import METRICS_FILE, atomic_write_text, read_json_lines
 LossFn = Callable[[nn.Module, dict], "tuple[torch.Tensor, dict[str, Any]]"]
 
 
+def require_positive(settings: object, *fields: str) -> None:
+    """Raise ``ValueError`` naming the first of ``fields`` of ``settings`` that is not > 0.
+
+    >>> require_positive(TrainSettings(), "batch_size", "seq_len")
+    """
+    for field_name in fields:
+        if getattr(settings, field_name) <= 0:
+            raise ValueError(f"{type(settings).__name__}.{field_name} must be positive, got "
+                             f"{getattr(settings, field_name)}")
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """The hyper-parameters of one training run: the one place each is defined.
@@ -102,11 +113,8 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        for field_name in ("batch_size", "seq_len", "accumulation_steps", "eval_every",
-                           "eval_batches", "save_every"):
-            if getattr(self, field_name) <= 0:
-                raise ValueError(f"{name}.{field_name} must be positive, got "
-                                 f"{getattr(self, field_name)}")
+        require_positive(self, "batch_size", "seq_len", "accumulation_steps", "eval_every",
+                         "eval_batches", "save_every")
         if self.max_steps is None and self.epochs is None:
             raise ValueError(f"{name} needs a budget: max_steps or epochs (or both)")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -175,10 +183,7 @@ class RunOptions:
     wandb_project: str | None = None  # log to Weights & Biases too, when installed
 
     def __post_init__(self) -> None:
-        for name in ("max_bad_steps", "keep_checkpoints"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{type(self).__name__}.{name} must be positive, got "
-                                 f"{getattr(self, name)}")
+        require_positive(self, "max_bad_steps", "keep_checkpoints")
         if self.num_workers < 0:
             raise ValueError(f"{type(self).__name__}.num_workers must be >= 0, got "
                              f"{self.num_workers}")

@@ -553,7 +553,7 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     assert set(result["vqa_by_kind"]) == set(QUESTION_KINDS)
     phases = [json.loads(line)["phase"] for line in (out / METRICS_FILE).read_text().splitlines()]
     assert phases.count("clip") == 120 and phases.count("vlm") == 8
-    assert load_clip(out / "clip").config.vision_width == 32
+    assert load_clip(out / "clip").config.vision_width == 64  # the smoke profile's CLIP
     vlm = load_vlm(out / "vlm")
     assert vlm.lm.config.hidden_size == 64  # the smoke sft model, with eyes
     assert (out / "vlm" / "tokenizer.json").is_file()

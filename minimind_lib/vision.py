@@ -58,7 +58,6 @@ from minimind_lib.scenes import (
     SIZES,
     Scene,
     caption,
-    make_scene,
     render,
     training_scene,
 )

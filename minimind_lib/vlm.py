@@ -216,7 +216,7 @@ def vqa_example(tokenizer: BPETokenizer, question: str, answer: str,
 # --- the model ----------------------------------------------------------------------------
 
 #: the initial scale of the projector's per-token position vectors
-POSITION_STD = 0.06
+POSITION_STD = 0.5
 
 
 class Projector(nn.Module):

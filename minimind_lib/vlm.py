@@ -215,7 +215,9 @@ def vqa_example(tokenizer: BPETokenizer, question: str, answer: str,
 
 # --- the model ----------------------------------------------------------------------------
 
-#: the initial scale of the projector's per-token position vectors
+#: the initial scale of the projector's per-token position vectors (a norm of ~8 at width 256,
+#: beside image vectors of ~3 and token embeddings of ~1.3). Measured, two pairs of cpu-profile
+#: VLM runs on one CLIP: held-out "side" 80% and 83% at 0.5, 60% and 63% at 0.06
 POSITION_STD = 0.5
 
 

@@ -33,7 +33,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import UnionType
 from typing import Union, get_args, get_origin, get_type_hints
@@ -52,6 +52,7 @@ from minimind_lib.grpo import GRPOSettings
 from minimind_lib.lora import LoRASettings
 from minimind_lib.model import MiniMindConfig
 from minimind_lib.train import RunOptions, TrainSettings
+from minimind_lib.vision import CLIPConfig
 from minimind_lib.vlm import VisionSettings
 
 PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
@@ -130,12 +131,13 @@ def _smoke() -> Profile:
         # vision (notebook 13): a minute, not quality. The smoke sft model never reads the
         # picture (150 VLM steps at lr 3e-3: VQA 32%, chance 35.7%); notebook 13 and
         # `vision --init data/reference/sft` put the shipped chat model under it. Measured so
-        # (20 held-out pictures x 10 questions, one run each, ~1 min on 2 cores): 150 steps at
-        # 3e-3 37.5%, at 1e-3 42.5%; 250 steps at 1e-3 49%, 2e-3 55.5%, 3e-3 48%; 300 at 2e-3
-        # 40% (which step it learns to read colour at varies: the figure is noisy)
-        vision=VisionSettings(train_images=2000, eval_images=20, vision_width=32, text_width=32,
-                              embed_dim=32, clip_steps=120, clip_batch_size=64, vlm_steps=250,
-                              vlm_learning_rate=2e-3, vlm_batch_size=16, warmup_steps=10),
+        # (20 held-out pictures x 10 questions, one run each, 3 jobs on 2 cores), with the
+        # projector's position vectors and 30% recoloured CLIP pictures: CLIP width 32 and VLM
+        # lr 2e-3 43.5%, lr 1e-3 45.5%; CLIP width 64 (the default) and lr 1e-3 57.0% (position
+        # vectors at std 0.06) and 54.0% (at 0.5, adopted for the cpu profile's sake)
+        vision=VisionSettings(train_images=2000, eval_images=20, clip_steps=120,
+                              clip_batch_size=64, vlm_steps=250, vlm_learning_rate=1e-3,
+                              vlm_batch_size=16, warmup_steps=10),
     )
 
 
@@ -169,14 +171,19 @@ def _cpu() -> Profile:
         # skill exact-match; 2e-4 +0.0 (format fell to 93%); 1e-4 with 2 updates per batch +0.3
         grpo=GRPOSettings(batch_size=16, seq_len=256, learning_rate=1e-4, max_steps=200,
                           warmup_steps=5, eval_every=25, save_every=100),
+        # measured (scripts/measure_vision.py, docs/benchmarks.md): zero-shot 66.0%, VQA 81.8%
+        # on held-out pairs (400 VLM steps, no position vectors or recolouring: 69.0%, 66.5%),
+        # 9.9 min on 1 thread
         vision=VisionSettings(train_images=20000, eval_images=100, clip_steps=800,
-                              clip_batch_size=128, vlm_steps=400, vlm_batch_size=16),
+                              clip_batch_size=128, vlm_steps=800, vlm_batch_size=16),
     )
 
 
 # The cpu profile's LoRA run (measured there) on a twice as large batch of up to 512 tokens
 # (MiniMind's SFT conversations are longer), at half its learning rate as the gpu SFT's is
 # half the cpu's: not measured on a GPU.
+# the gpu and full profiles' tiny CLIP: twice as wide, twice as deep an image encoder
+_GPU_CLIP = CLIPConfig(vision_width=128, vision_layers=4, text_width=128, embed_dim=128)
 _GPU_LORA = LoRASettings(batch_size=32, seq_len=512, learning_rate=2.5e-3, max_steps=600,
                          warmup_steps=20, weight_decay=0.0, eval_every=100, save_every=600,
                          replay=0.5)
@@ -204,8 +211,7 @@ def _gpu() -> Profile:
         eval_per_task=100,
         grpo=GRPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, max_steps=400,
                           warmup_steps=10, eval_every=40, save_every=200),
-        vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
-                              vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
+        vision=VisionSettings(train_images=50000, eval_images=200, clip=_GPU_CLIP, clip_steps=3000,
                               clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
     )
 
@@ -229,8 +235,7 @@ def _full() -> Profile:
                         warmup_steps=50, eval_every=100, save_every=500, pairs="offline"),
         lora=_GPU_LORA,
         eval_per_task=200,
-        vision=VisionSettings(train_images=50000, eval_images=200, vision_width=128,
-                              vision_layers=4, text_width=128, embed_dim=128, clip_steps=3000,
+        vision=VisionSettings(train_images=50000, eval_images=200, clip=_GPU_CLIP, clip_steps=3000,
                               clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
         needs_minimind_data=True,
     )
@@ -268,14 +273,24 @@ _TOP_LEVEL = ("seed", "eval_per_task")
 
 def _sections(profile: Profile) -> dict[str, object]:
     """What ``override`` can change: the model, each training stage, the run options, the
-    vision stage's settings."""
-    return {"model": profile.model, **{s: getattr(profile, s) for s in TRAINING_STAGES},
-            "train": profile.train, "vision": profile.vision}
+    vision stage's settings, and the settings nested in those (``vision.clip``), by dotted
+    name."""
+    out = {"model": profile.model, **{s: getattr(profile, s) for s in TRAINING_STAGES},
+           "train": profile.train, "vision": profile.vision}
+    for name, obj in list(out.items()):
+        out.update({f"{name}.{f.name}": getattr(obj, f.name) for f in fields(obj)
+                    if is_dataclass(getattr(obj, f.name))})
+    return out
+
+
+def _settable(obj: object) -> list[str]:
+    """The fields of a settings section that hold values (not nested settings)."""
+    return [f.name for f in fields(obj) if not is_dataclass(getattr(obj, f.name))]
 
 
 def valid_keys(profile: Profile) -> list[str]:
-    """Every key ``override`` accepts, e.g. ``pretrain.max_steps``."""
-    keys = [f"{name}.{f.name}" for name, obj in _sections(profile).items() for f in fields(obj)]
+    """Every key ``override`` accepts, e.g. ``pretrain.max_steps``, ``vision.clip.embed_dim``."""
+    keys = [f"{name}.{f}" for name, obj in _sections(profile).items() for f in _settable(obj)]
     return keys + list(_TOP_LEVEL)
 
 
@@ -354,29 +369,35 @@ def override(profile: Profile, values: Mapping[str, object]) -> Profile:
     changes: dict[str, dict[str, object]] = {}
     top: dict[str, object] = {}
     for key, value in values.items():
-        section, _, name = key.partition(".")
-        if not name and key in _TOP_LEVEL:
+        section, _, name = key.rpartition(".")
+        if not section and key in _TOP_LEVEL:
             top[key] = _coerce(value, int, key)
             continue
         if section not in sections:
-            raise ValueError(f"unknown setting {key!r}; sections: {', '.join(sections)}, and "
+            tops = dict.fromkeys(k.partition(".")[0] for k in sections)
+            raise ValueError(f"unknown setting {key!r}; sections: {', '.join(tops)}, and "
                              f"the top-level keys {', '.join(_TOP_LEVEL)}")
         obj = sections[section]
-        hints = get_type_hints(type(obj))
-        names = [f.name for f in fields(obj)]
+        names = _settable(obj)
         if name not in names:
             raise ValueError(f"unknown setting {key!r}; valid {section} keys: {', '.join(names)}")
+        hints = get_type_hints(type(obj))
         changes.setdefault(section, {})[name] = _coerce(value, hints[name], key)
-    for section, new in changes.items():
-        obj = sections[section]
+    # deepest sections first: "vision.clip" is rebuilt, then put into "vision"
+    while changes:
+        section = max(changes, key=lambda k: k.count("."))
+        obj, new = sections[section], changes.pop(section)
         if section == "model" and "hidden_size" in new and "intermediate_size" not in new:
             new["intermediate_size"] = None  # derived again from the new width
         try:
             sections[section] = replace(obj, **new)
         except (TypeError, ValueError) as e:
             raise ValueError(f"--set {section}.*: {e}") from None
+        parent, _, name = section.rpartition(".")
+        if parent:
+            changes.setdefault(parent, {})[name] = sections[section]
     record = tuple(f"{k}={v}" for k, v in values.items())
-    return replace(profile, **{k: v for k, v in sections.items()}, **top,
+    return replace(profile, **{k: v for k, v in sections.items() if "." not in k}, **top,
                    overrides=profile.overrides + record)
 
 
@@ -391,11 +412,17 @@ def load_config(path: str | os.PathLike) -> dict[str, object]:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML ({e})") from None
     flat: dict[str, object] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            flat[key] = value
+    nested = {k for k in _sections(get_profile("smoke")) if "." in k}  # vision.clip
+
+    def walk(table: dict, prefix: str) -> None:
+        for key, value in table.items():
+            # a [section] or a nested [vision.clip]; other tables are values (rope_scaling)
+            if isinstance(value, dict) and (not prefix or f"{prefix}{key}" in nested):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(data, "")
     return flat
 
 

@@ -33,6 +33,7 @@ shapes?" -> "red"; "图中有几个图形？" -> "2").
 
 from __future__ import annotations
 
+import colorsys
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,11 @@ GRID = 4  # the image is a GRID x GRID board of cells; a side is GRID // 2 colum
 RADIUS = {"small": 4.0, "big": 6.5}  # pixels; a cell is IMAGE_SIZE / GRID = 16 pixels wide
 #: (colour, shape) pairs kept out of training: a diagonal, so each colour loses one shape
 HELD_OUT_PAIRS = tuple((c, SHAPES[i % len(SHAPES)]) for i, c in enumerate(COLOURS))
-SPLITS = ("train", "held_out", "seen")  # seen: new images of the training pairs
+#: seen: new images of the training pairs; recoloured: training scenes in unnamed colours
+SPLITS = ("train", "held_out", "seen", "recoloured")
+#: a recoloured scene's hue keeps this many degrees from every palette colour's hue (or it is
+#: a grey): no picture of that split shows a colour a person would call one of the five
+HUE_MARGIN = 30.0
 
 ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色", "purple": "紫色",
       "circle": "圆形", "square": "正方形", "triangle": "三角形", "cross": "十字形",
@@ -78,6 +83,7 @@ class Scene:
     side: str
     cells: tuple[tuple[int, int], ...]
     offsets: tuple[tuple[float, float], ...]
+    rgb: tuple[int, int, int] | None = None  # the ink of a recoloured scene (colour is "")
 
     def attributes(self) -> tuple[str, str, int, str, str]:
         return self.colour, self.shape, self.count, self.size, self.side
@@ -98,7 +104,65 @@ def pairs(split: str) -> list[tuple[str, str]]:
         raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
     every = [(c, s) for c in COLOURS for s in SHAPES]
     held_out = set(HELD_OUT_PAIRS)
+    if split == "recoloured":
+        return [("", shape) for shape in SHAPES]
     return [p for p in every if (p in held_out) == (split == "held_out")]
+
+
+def hue(rgb: tuple[int, int, int]) -> float:
+    """The hue of an RGB colour in degrees (0 red, 120 green, 240 blue)."""
+    r, g, b = (v / 255 for v in rgb)
+    hi, lo = max(r, g, b), min(r, g, b)
+    if hi == lo:
+        return 0.0
+    if hi == r:
+        h = (g - b) / (hi - lo) % 6
+    elif hi == g:
+        h = (b - r) / (hi - lo) + 2
+    else:
+        h = (r - g) / (hi - lo) + 4
+    return 60.0 * h
+
+
+def hue_distance(rgb: tuple[int, int, int], colour: str) -> float:
+    """Degrees around the colour wheel between ``rgb``'s hue and palette ``colour``'s."""
+    d = abs(hue(rgb) - hue(COLOURS[colour]))
+    return min(d, 360 - d)
+
+
+def is_grey(rgb: tuple[int, int, int]) -> bool:
+    """Too little saturation to have a hue."""
+    return max(rgb) - min(rgb) < 0.2 * 255
+
+
+def is_unnamed(rgb: tuple[int, int, int], shape: str | None = None) -> bool:
+    """True for a grey, or a colour whose hue is ``HUE_MARGIN`` degrees from every palette
+    colour's: one that no caption's colour word would fit. With ``shape``, also False when
+    the palette colour nearest in hue is one ``HELD_OUT_PAIRS`` keeps away from that shape,
+    so that a recoloured circle is never even reddish.
+
+    >>> is_unnamed((128, 128, 128)), is_unnamed((200, 60, 60)), is_unnamed((40, 200, 200))
+    (True, False, True)
+    """
+    if is_grey(rgb):
+        return True
+    if min(hue_distance(rgb, c) for c in COLOURS) < HUE_MARGIN:
+        return False
+    nearest = min(COLOURS, key=lambda c: hue_distance(rgb, c))
+    return shape is None or (nearest, shape) not in HELD_OUT_PAIRS
+
+
+def unnamed_colour(rng: np.random.Generator, shape: str) -> tuple[int, int, int]:
+    """A random ink for a recoloured ``shape``, darker than the background: a grey one time
+    in four, else a saturated colour whose hue is redrawn until ``is_unnamed`` (lime, teal,
+    cyan, pink or magenta: the gaps the five palette hues leave)."""
+    if rng.random() < 0.25:
+        return (int(rng.integers(0, 181)),) * 3
+    s, v = rng.uniform(0.6, 1.0), rng.uniform(0.35, 0.78)
+    while True:
+        rgb = tuple(int(round(255 * x)) for x in colorsys.hsv_to_rgb(rng.random(), s, v))
+        if is_unnamed(rgb, shape):
+            return rgb
 
 
 def make_scene(seed: int, split: str, index: int) -> Scene:
@@ -113,6 +177,7 @@ def make_scene(seed: int, split: str, index: int) -> Scene:
     rng = np.random.default_rng([seed, SPLITS.index(split) if split in SPLITS else -1, index])
     choices = pairs(split)
     colour, shape = choices[rng.integers(len(choices))]
+    rgb = unnamed_colour(rng, shape) if split == "recoloured" else None
     count = COUNTS[rng.integers(len(COUNTS))]
     size, side = SIZES[rng.integers(2)], SIDES[rng.integers(2)]
     half = GRID // 2
@@ -122,7 +187,26 @@ def make_scene(seed: int, split: str, index: int) -> Scene:
     cells = tuple(sorted(board[k] for k in picked))
     room = IMAGE_SIZE / GRID / 2 - RADIUS[size] - 0.5  # keep every shape inside its cell
     offsets = tuple((float(dx), float(dy)) for dx, dy in rng.uniform(-room, room, (count, 2)))
-    return Scene(colour, shape, count, size, side, cells, offsets)
+    return Scene(colour, shape, count, size, side, cells, offsets, rgb)
+
+
+def training_scene(seed: int, index: int, total: int, recoloured: float = 0.0) -> Scene:
+    """Scene ``index`` of a training set of ``total``: the last ``round(total * recoloured)``
+    are ``"recoloured"`` scenes (shapes in an unnamed ink, captioned without a colour), the
+    rest ``"train"`` scenes. Recolouring is SimCLR's colour augmentation made safe for the
+    split: it shows every shape in many inks, so that a shape is learnt apart from its colour,
+    and never in a palette colour held out with it.
+
+    >>> [training_scene(0, i, 4, recoloured=0.5).colour == "" for i in range(4)]
+    [False, False, True, True]
+    """
+    if not 0.0 <= recoloured < 1.0:
+        raise ValueError(f"recoloured is a share of the training pictures in [0, 1), got "
+                         f"{recoloured}")
+    plain = total - round(total * recoloured)
+    if index < plain:
+        return make_scene(seed, "train", index)
+    return make_scene(seed, "recoloured", index - plain)
 
 
 def shape_mask(shape: str, cx: float, cy: float, radius: float,
@@ -161,22 +245,26 @@ def render(scene: Scene, size: int = IMAGE_SIZE) -> np.ndarray:
     for (row, col), (dx, dy) in zip(scene.cells, scene.offsets, strict=True):
         cx, cy = (col + 0.5) * cell + dx * scale, (row + 0.5) * cell + dy * scale
         image[shape_mask(scene.shape, cx, cy, RADIUS[scene.size] * scale, size)] = \
-            COLOURS[scene.colour]
+            scene.rgb or COLOURS[scene.colour]
     return image
 
 
 def caption(scene: Scene, language: str = "en") -> str:
-    """A sentence naming all five attributes, in English or Chinese.
+    """A sentence naming all five attributes, in English or Chinese (four for a recoloured
+    scene: its ink has no name, so the caption names none).
 
     >>> s = Scene("blue", "cross", 3, "small", "right", ((0, 2), (1, 2), (2, 3)), ((0, 0),) * 3)
     >>> caption(s), caption(s, "zh")
     ('three small blue crosses on the right', '右边有三个小的蓝色十字形')
+    >>> recoloured = make_scene(0, "recoloured", 1)
+    >>> recoloured.rgb, caption(recoloured), caption(recoloured, "zh")
+    ((53, 156, 156), 'one big cross on the left', '左边有一个大的十字形')
     """
     c, s, n, z, side = scene.attributes()
     if language == "en":
-        return f"{EN_COUNT[n]} {z} {c} {s if n == 1 else PLURAL[s]} on the {side}"
+        return f"{EN_COUNT[n]} {z} {c + ' ' if c else ''}{s if n == 1 else PLURAL[s]} on the {side}"
     if language == "zh":
-        return f"{ZH[side]}有{ZH_COUNT[n]}个{ZH[z]}的{ZH[c]}{ZH[s]}"
+        return f"{ZH[side]}有{ZH_COUNT[n]}个{ZH[z]}的{ZH.get(c, '')}{ZH[s]}"
     raise ValueError(f"unknown language {language!r}; languages: {', '.join(LANGUAGES)}")
 
 
@@ -213,7 +301,7 @@ def question(scene: Scene, kind: str, language: str = "en") -> tuple[str, str]:
           "count": ("How many shapes are there?", str(n)),
           "size": ("Are the shapes big or small?", z),
           "side": ("Are the shapes on the left or the right?", side)}
-    zh = {"colour": ("图形是什么颜色？", ZH[c]),
+    zh = {"colour": ("图形是什么颜色？", ZH.get(c, c)),
           "shape": ("图中是什么形状？", ZH[s]),
           "count": ("图中有几个图形？", str(n)),
           "size": ("图形是大还是小？", ZH[z]),
@@ -228,7 +316,9 @@ def question(scene: Scene, kind: str, language: str = "en") -> tuple[str, str]:
 
 def questions(scene: Scene) -> list[dict]:
     """All ten questions about a scene (five kinds x two languages) as records:
-    ``{"kind", "language", "question", "answer"}``."""
+    ``{"kind", "language", "question", "answer"}``; a recoloured scene's colour questions
+    have no answer and are left out (eight)."""
+    kinds = [k for k in QUESTION_KINDS if k != "colour" or scene.colour]
     return [{"kind": k, "language": lang, **dict(zip(("question", "answer"),
                                                      question(scene, k, lang), strict=True))}
-            for lang in LANGUAGES for k in QUESTION_KINDS]
+            for lang in LANGUAGES for k in kinds]

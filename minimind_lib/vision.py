@@ -58,8 +58,8 @@ from minimind_lib.scenes import (
     SIZES,
     Scene,
     caption,
-    make_scene,
     render,
+    training_scene,
 )
 from minimind_lib.tokenizer import END_OF_TEXT, BPETokenizer
 
@@ -301,15 +301,16 @@ def pad_ids(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]
 
 
 class CaptionDataset(torch.utils.data.Dataset):
-    """(picture, caption) pairs for ``train.train``: item ``i`` is scene ``i`` of ``split``,
-    drawn on demand (``scenes.make_scene``), captioned in English for even ``i`` and in
-    Chinese for odd ``i``. ``collate`` makes a batch dict."""
+    """(picture, caption) pairs for ``train.train``: item ``i`` is training scene ``i``
+    (``scenes.training_scene``: a share ``recoloured`` of them in unnamed inks), drawn on
+    demand, captioned in English for even ``i`` and in Chinese for odd ``i``. ``collate``
+    makes a batch dict."""
 
-    def __init__(self, tokenizer: BPETokenizer, size: int, *, seed: int, split: str = "train",
-                 max_text_len: int = 32) -> None:
+    def __init__(self, tokenizer: BPETokenizer, size: int, *, seed: int,
+                 recoloured: float = 0.0, max_text_len: int = 32) -> None:
         if size <= 0:
             raise ValueError(f"a caption dataset needs at least one picture, got size {size}")
-        self.tokenizer, self.size, self.seed, self.split = tokenizer, size, seed, split
+        self.tokenizer, self.size, self.seed, self.recoloured = tokenizer, size, seed, recoloured
         self.max_text_len = max_text_len
         self.pad_id = tokenizer.token_to_id(END_OF_TEXT)
 
@@ -317,7 +318,7 @@ class CaptionDataset(torch.utils.data.Dataset):
         return self.size
 
     def scene(self, i: int) -> Scene:
-        return make_scene(self.seed, self.split, i)
+        return training_scene(self.seed, i, self.size, self.recoloured)
 
     def __getitem__(self, i: int) -> dict:
         scene = self.scene(i)

@@ -17,15 +17,20 @@ from minimind_lib.scenes import (
     BACKGROUND,
     COLOURS,
     HELD_OUT_PAIRS,
+    HUE_MARGIN,
     LANGUAGES,
     QUESTION_KINDS,
     SHAPES,
+    ZH,
     answers,
     caption,
+    hue_distance,
+    is_grey,
     make_scene,
     pairs,
     questions,
     render,
+    training_scene,
 )
 from minimind_lib.tokenizer import encode_chat, load_tokenizer
 from minimind_lib.vision import (
@@ -91,6 +96,60 @@ def test_the_split_is_by_colour_shape_pair():
     assert {make_scene(0, "held_out", i).pair for i in range(200)} == held_out
     assert {make_scene(0, "train", i).pair for i in range(400)} == train
     assert {make_scene(0, "seen", i).pair for i in range(400)} == train
+
+
+def test_recoloured_scenes_show_no_palette_colour_and_name_none():
+    for i in range(300):
+        scene = make_scene(2, "recoloured", i)
+        assert scene.colour == "" and scene.rgb is not None and max(scene.rgb) <= 200
+        if not is_grey(scene.rgb):
+            distances = {c: hue_distance(scene.rgb, c) for c in COLOURS}
+            assert min(distances.values()) >= HUE_MARGIN, scene
+            nearest = min(distances, key=distances.get)
+            assert (nearest, scene.shape) not in HELD_OUT_PAIRS, scene  # never a reddish circle
+        painted = ~(render(scene) == BACKGROUND).all(axis=-1)
+        assert (render(scene)[painted] == scene.rgb).all()
+        words = caption(scene, "en").split() + [caption(scene, "zh")]
+        assert not any(c in words or ZH[c] in words[-1] for c in COLOURS), words
+        assert [r["kind"] for r in questions(scene)].count("colour") == 0
+        assert len(questions(scene)) == 8
+    assert {make_scene(2, "recoloured", i).shape for i in range(100)} == set(SHAPES)
+    assert any(is_grey(make_scene(2, "recoloured", i).rgb) for i in range(100))
+
+
+def test_training_scenes_recolour_the_asked_share():
+    kinds = ["" == training_scene(0, i, 10, recoloured=0.3).colour for i in range(10)]
+    assert kinds == [False] * 7 + [True] * 3
+    assert training_scene(0, 4, 10) == make_scene(0, "train", 4)
+    with pytest.raises(ValueError, match="recoloured is a share"):
+        training_scene(0, 0, 10, recoloured=1.0)
+    with pytest.raises(ValueError, match="recoloured is a share"):
+        VisionSettings(recoloured=-0.1)
+
+
+def test_the_clip_sizes_nest_in_the_vision_settings_and_are_set_by_dotted_keys(tmp_path):
+    from minimind_lib.profiles import get_profile, load_config, override, valid_keys
+
+    smoke = get_profile("smoke")
+    assert smoke.vision.clip_config(6400) == replace(smoke.vision.clip, vocab_size=6400)
+    p = override(smoke, {"vision.clip.embed_dim": "16", "vision.vlm_steps": "5"})
+    assert p.vision.clip.embed_dim == 16 and p.vision.vlm_steps == 5
+    assert p.vision.clip.vision_width == smoke.vision.clip.vision_width  # the rest kept
+    assert "vision.clip.patch_size" in valid_keys(smoke) and "vision.clip" not in valid_keys(smoke)
+    with pytest.raises(ValueError, match="valid vision.clip keys: image_size, patch_size"):
+        override(smoke, {"vision.clip.patch": "4"})
+    with pytest.raises(ValueError, match="valid vision keys: .*recoloured"):
+        override(smoke, {"vision.clip": "4"})
+    with pytest.raises(ValueError, match="vision.clip.*multiple of patch_size"):
+        override(smoke, {"vision.clip.patch_size": "7"})
+    config = tmp_path / "c.toml"
+    config.write_text("[vision]\nvlm_steps = 7\n[vision.clip]\ntext_layers = 1\n"
+                      "[model]\nrope_scaling = {type = 'yarn', factor = 4.0}\n")
+    values = load_config(config)
+    assert values == {"vision.vlm_steps": 7, "vision.clip.text_layers": 1,
+                      "model.rope_scaling": {"type": "yarn", "factor": 4.0}}
+    assert override(smoke, {k: v for k, v in values.items() if k.startswith("vision")}
+                    ).vision.clip.text_layers == 1
 
 
 def test_a_picture_holds_its_colour_on_its_side_only():
@@ -344,7 +403,7 @@ def test_training_moves_the_projector_not_the_frozen_encoder(tokenizer):
     lm_before = {k: v.clone() for k, v in vlm.lm.state_dict().items()}
     settings = VisionSettings(train_images=4, clip_batch_size=4, vlm_steps=2, vlm_batch_size=4,
                               warmup_steps=1,
-                              train_lm=False, patch_size=TINY_CLIP.patch_size)
+                              train_lm=False, clip=TINY_CLIP)
     rows = train_vlm(vlm, tokenizer, settings, seed=0, progress=False, precision="fp32")
     assert len(rows) == 2 and not vlm.encoder.training
     assert all(torch.equal(v, encoder_before[k]) for k, v in vlm.encoder.state_dict().items())
@@ -494,7 +553,7 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     assert set(result["vqa_by_kind"]) == set(QUESTION_KINDS)
     phases = [json.loads(line)["phase"] for line in (out / METRICS_FILE).read_text().splitlines()]
     assert phases.count("clip") == 120 and phases.count("vlm") == 8
-    assert load_clip(out / "clip").config.vision_width == 32
+    assert load_clip(out / "clip").config.vision_width == 64  # the smoke profile's CLIP
     vlm = load_vlm(out / "vlm")
     assert vlm.lm.config.hidden_size == 64  # the smoke sft model, with eyes
     assert (out / "vlm" / "tokenizer.json").is_file()

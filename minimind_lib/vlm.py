@@ -228,7 +228,7 @@ class Projector(nn.Module):
     same with four consecutive tokens; Qwen2-VL's merger with 2 x 2 blocks, as here), plus a
     learned vector per output token saying which block of the picture it shows: the LM reads
     the tokens in order, but finding "left" among 16 by RoPE distance alone took it longer
-    than the VLM trains (measured: side 48% held-out without it, chance 50%).
+    than the VLM trains (measured: side 48-70% held-out without it in three runs, chance 50%).
 
     >>> Projector(vision_width=8, hidden_size=16, grid=6)(torch.zeros(2, 36, 8)).shape
     torch.Size([2, 9, 16])

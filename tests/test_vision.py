@@ -396,6 +396,18 @@ def test_stream_with_a_picture_equals_recomputing_everything(tokenizer):
     assert torch.equal(cached, seq[:, prompt.shape[1]:])
 
 
+def test_the_projector_tells_its_tokens_apart_by_position():
+    """Four identical 2 x 2 blocks (a blank picture) give four different LM inputs: the
+    per-token position vectors, without which the LM could not tell left from right."""
+    from minimind_lib.vlm import Projector
+
+    torch.manual_seed(0)
+    projector = Projector(vision_width=8, hidden_size=16, grid=4)
+    out = projector(torch.ones(1, 16, 8))[0]  # (4, 16)
+    assert out.shape == (4, 16) and len({tuple(row.tolist()) for row in out}) == 4
+    assert torch.allclose(out - projector.position, projector.mlp(torch.ones(1, 4, 32))[0])
+
+
 def test_training_moves_the_projector_not_the_frozen_encoder(tokenizer):
     vlm = tiny_vlm()
     encoder_before = {k: v.clone() for k, v in vlm.encoder.state_dict().items()}

@@ -179,11 +179,11 @@ def _cpu() -> Profile:
     )
 
 
+# the gpu and full profiles' tiny CLIP: twice as wide, twice as deep an image encoder
+_GPU_CLIP = CLIPConfig(vision_width=128, vision_layers=4, text_width=128, embed_dim=128)
 # The cpu profile's LoRA run (measured there) on a twice as large batch of up to 512 tokens
 # (MiniMind's SFT conversations are longer), at half its learning rate as the gpu SFT's is
 # half the cpu's: not measured on a GPU.
-# the gpu and full profiles' tiny CLIP: twice as wide, twice as deep an image encoder
-_GPU_CLIP = CLIPConfig(vision_width=128, vision_layers=4, text_width=128, embed_dim=128)
 _GPU_LORA = LoRASettings(batch_size=32, seq_len=512, learning_rate=2.5e-3, max_steps=600,
                          warmup_steps=20, weight_decay=0.0, eval_every=100, save_every=600,
                          replay=0.5)
@@ -350,6 +350,19 @@ def _as(value: object, kind: object) -> object:
     raise ValueError(f"unsupported type {kind}")
 
 
+def _expand(values: Mapping[str, object],
+            sections: Mapping[str, object]) -> list[tuple[str, object]]:
+    """``values`` with each table given for a nested section (TOML's ``[vision.clip]``
+    arrives as ``{"vision.clip": {"embed_dim": 16}}``) spread into its dotted keys."""
+    out: list[tuple[str, object]] = []
+    for key, value in values.items():
+        if key in sections and isinstance(value, Mapping):
+            out += _expand({f"{key}.{k}": v for k, v in value.items()}, sections)
+        else:
+            out.append((key, value))
+    return out
+
+
 def override(profile: Profile, values: Mapping[str, object]) -> Profile:
     """``profile`` with ``values`` applied: keys ``section.field`` (``valid_keys``), values
     strings (parsed by the field's type: ``3``, ``2e-3``, ``true``, ``none``, ``0.9,0.95``)
@@ -368,7 +381,8 @@ def override(profile: Profile, values: Mapping[str, object]) -> Profile:
     sections = _sections(profile)
     changes: dict[str, dict[str, object]] = {}
     top: dict[str, object] = {}
-    for key, value in values.items():
+    expanded = _expand(values, sections)
+    for key, value in expanded:
         section, _, name = key.rpartition(".")
         if not section and key in _TOP_LEVEL:
             top[key] = _coerce(value, int, key)
@@ -396,7 +410,7 @@ def override(profile: Profile, values: Mapping[str, object]) -> Profile:
         parent, _, name = section.rpartition(".")
         if parent:
             changes.setdefault(parent, {})[name] = sections[section]
-    record = tuple(f"{k}={v}" for k, v in values.items())
+    record = tuple(f"{k}={v}" for k, v in expanded)
     return replace(profile, **{k: v for k, v in sections.items() if "." not in k}, **top,
                    overrides=profile.overrides + record)
 
@@ -412,17 +426,11 @@ def load_config(path: str | os.PathLike) -> dict[str, object]:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML ({e})") from None
     flat: dict[str, object] = {}
-    nested = {k for k in _sections(get_profile("smoke")) if "." in k}  # vision.clip
-
-    def walk(table: dict, prefix: str) -> None:
-        for key, value in table.items():
-            # a [section] or a nested [vision.clip]; other tables are values (rope_scaling)
-            if isinstance(value, dict) and (not prefix or f"{prefix}{key}" in nested):
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk(data, "")
+    for key, value in data.items():
+        if isinstance(value, dict):  # [vision.clip] stays a table: override expands it
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
     return flat
 
 

@@ -146,9 +146,10 @@ def is_unnamed(rgb: tuple[int, int, int], shape: str | None = None) -> bool:
     """
     if is_grey(rgb):
         return True
-    if min(hue_distance(rgb, c) for c in COLOURS) < HUE_MARGIN:
+    distances = {c: hue_distance(rgb, c) for c in COLOURS}
+    nearest = min(distances, key=distances.get)
+    if distances[nearest] < HUE_MARGIN:
         return False
-    nearest = min(COLOURS, key=lambda c: hue_distance(rgb, c))
     return shape is None or (nearest, shape) not in HELD_OUT_PAIRS
 
 
@@ -190,6 +191,14 @@ def make_scene(seed: int, split: str, index: int) -> Scene:
     return Scene(colour, shape, count, size, side, cells, offsets, rgb)
 
 
+def check_recoloured(share: float) -> float:
+    """``share`` if it is a valid share of recoloured training pictures, [0, 1); else a
+    ``ValueError`` naming it (``VisionSettings`` checks its setting with this too)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"recoloured is a share of the training pictures in [0, 1), got {share}")
+    return share
+
+
 def training_scene(seed: int, index: int, total: int, recoloured: float = 0.0) -> Scene:
     """Scene ``index`` of a training set of ``total``: the last ``round(total * recoloured)``
     are ``"recoloured"`` scenes (shapes in an unnamed ink, captioned without a colour), the
@@ -200,10 +209,7 @@ def training_scene(seed: int, index: int, total: int, recoloured: float = 0.0) -
     >>> [training_scene(0, i, 4, recoloured=0.5).colour == "" for i in range(4)]
     [False, False, True, True]
     """
-    if not 0.0 <= recoloured < 1.0:
-        raise ValueError(f"recoloured is a share of the training pictures in [0, 1), got "
-                         f"{recoloured}")
-    plain = total - round(total * recoloured)
+    plain = total - round(total * check_recoloured(recoloured))
     if index < plain:
         return make_scene(seed, "train", index)
     return make_scene(seed, "recoloured", index - plain)
@@ -296,6 +302,8 @@ def question(scene: Scene, kind: str, language: str = "en") -> tuple[str, str]:
     (('What colour are the shapes?', 'red'), ('图中有几个图形？', '3'))
     """
     c, s, n, z, side = scene.attributes()
+    if kind == "colour" and not c:
+        raise ValueError("a recoloured scene's ink has no colour name: it has no colour question")
     en = {"colour": (f"What colour {'is the shape' if n == 1 else 'are the shapes'}?", c),
           "shape": ("What shape is in the picture?", s),
           "count": ("How many shapes are there?", str(n)),

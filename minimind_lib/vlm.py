@@ -37,7 +37,7 @@ import io
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +63,13 @@ from minimind_lib.scenes import (
     LANGUAGES,
     QUESTION_KINDS,
     answers,
+    check_recoloured,
     make_scene,
     questions,
     render,
 )
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer, chat_parts
-from minimind_lib.train import RunOptions, TrainConfig, TrainSettings, train
+from minimind_lib.train import RunOptions, TrainConfig, TrainSettings, require_positive, train
 from minimind_lib.vision import (
     CLIP,
     ZERO_SHOT_TARGETS,
@@ -117,13 +118,10 @@ class VisionSettings:
     warmup_steps: int = 20
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type not in ("bool", "CLIPConfig") and f.name != "recoloured" and not value > 0:
-                raise ValueError(f"VisionSettings.{f.name} must be positive, got {value!r}")
-        if not 0 <= self.recoloured < 1:
-            raise ValueError(f"VisionSettings.recoloured is a share in [0, 1), got "
-                             f"{self.recoloured}")
+        require_positive(self, "train_images", "eval_images", "clip_steps", "clip_batch_size",
+                         "clip_learning_rate", "merge", "vlm_steps", "vlm_batch_size",
+                         "vlm_learning_rate", "warmup_steps")
+        check_recoloured(self.recoloured)
         if self.train_images < self.clip_batch_size:
             raise ValueError(f"VisionSettings.train_images ({self.train_images}) must be at least "
                              f"clip_batch_size ({self.clip_batch_size}): one batch of pictures")

@@ -113,6 +113,9 @@ def test_recoloured_scenes_show_no_palette_colour_and_name_none():
         assert not any(c in words or ZH[c] in words[-1] for c in COLOURS), words
         assert [r["kind"] for r in questions(scene)].count("colour") == 0
         assert len(questions(scene)) == 8
+    with pytest.raises(ValueError, match="no colour question"):
+        from minimind_lib.scenes import question
+        question(make_scene(2, "recoloured", 0), "colour", "zh")
     assert {make_scene(2, "recoloured", i).shape for i in range(100)} == set(SHAPES)
     assert any(is_grey(make_scene(2, "recoloured", i).rgb) for i in range(100))
 
@@ -146,10 +149,10 @@ def test_the_clip_sizes_nest_in_the_vision_settings_and_are_set_by_dotted_keys(t
     config.write_text("[vision]\nvlm_steps = 7\n[vision.clip]\ntext_layers = 1\n"
                       "[model]\nrope_scaling = {type = 'yarn', factor = 4.0}\n")
     values = load_config(config)
-    assert values == {"vision.vlm_steps": 7, "vision.clip.text_layers": 1,
-                      "model.rope_scaling": {"type": "yarn", "factor": 4.0}}
-    assert override(smoke, {k: v for k, v in values.items() if k.startswith("vision")}
-                    ).vision.clip.text_layers == 1
+    assert values["model.rope_scaling"] == {"type": "yarn", "factor": 4.0}  # a value, kept
+    p = override(smoke, {k: v for k, v in values.items() if k.startswith("vision")})
+    assert p.vision.clip.text_layers == 1 and p.vision.vlm_steps == 7
+    assert p.overrides[-2:] == ("vision.vlm_steps=7", "vision.clip.text_layers=1")
 
 
 def test_a_picture_holds_its_colour_on_its_side_only():

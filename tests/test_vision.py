@@ -446,6 +446,23 @@ def test_vlm_folder_round_trip(tmp_path, tokenizer):
         load_vlm(folder)
 
 
+def test_the_oracle_features_mark_exactly_the_cells_with_shapes():
+    """scripts/vision_oracle.py's ideal features: which 2x2 patch blocks hold ink."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "scripts" / "vision_oracle.py"
+    spec = importlib.util.spec_from_file_location("vision_oracle", path)
+    oracle = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(oracle)
+    encoder = oracle.InkEncoder(width=4, patch_size=8)
+    for i in range(20):
+        scene = make_scene(0, "held_out", i)
+        ink = encoder.patch_features(to_pixels(render(scene)))[0, :, 0] > 0  # (64,)
+        blocks = ink.reshape(4, 2, 4, 2).any(dim=3).any(dim=1)  # (4, 4): a cell per block
+        assert {tuple(rc) for rc in blocks.nonzero().tolist()} == set(scene.cells)
+
+
 def test_vqa_chance_is_one_over_the_possible_answers():
     scene = make_scene(0, "held_out", 0)
     records = [{**q, "scene": scene} for q in questions(scene)]

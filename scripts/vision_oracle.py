@@ -45,11 +45,12 @@ class InkEncoder(nn.Module):
     def __init__(self, width: int, patch_size: int, level: float = 8.0) -> None:
         super().__init__()
         self.width, self.patch_size, self.level = width, patch_size, level
+        # the background colour as to_pixels scales it, (3,) in [-1, 1]
+        self.background = to_pixels(torch.tensor([[BACKGROUND]], dtype=torch.uint8))[0, :, 0, 0]
 
     def patch_features(self, pixels: Tensor) -> Tensor:
         patches = patchify(pixels, self.patch_size)  # (B, N, p*p*3) in [-1, 1]
-        background = to_pixels(torch.tensor([[BACKGROUND]], dtype=torch.uint8))[0, :, 0, 0]
-        ink = (patches.unflatten(-1, (-1, 3)) - background).abs().amax(dim=(-2, -1)) > 0.2
+        ink = (patches.unflatten(-1, (-1, 3)) - self.background).abs().amax(dim=(-2, -1)) > 0.2
         out = torch.zeros(*ink.shape, self.width)  # (B, N, width)
         out[..., 0] = ink.float() * self.level
         return out

@@ -41,6 +41,8 @@ import numpy as np
 COLOURS = {"red": (220, 40, 40), "green": (30, 170, 60), "blue": (40, 80, 230),
            "yellow": (235, 200, 0), "purple": (150, 50, 200)}
 SHAPES = ("circle", "square", "triangle", "cross")
+#: shapes no caption or answer names: a "reshaped" scene shows a palette colour in one of them
+UNNAMED_SHAPES = ("ring", "diamond")
 COUNTS = (1, 2, 3)
 SIZES = ("small", "big")
 SIDES = ("left", "right")
@@ -50,18 +52,20 @@ GRID = 4  # the image is a GRID x GRID board of cells; a side is GRID // 2 colum
 RADIUS = {"small": 4.0, "big": 6.5}  # pixels; a cell is IMAGE_SIZE / GRID = 16 pixels wide
 #: (colour, shape) pairs kept out of training: a diagonal, so each colour loses one shape
 HELD_OUT_PAIRS = tuple((c, SHAPES[i % len(SHAPES)]) for i, c in enumerate(COLOURS))
-#: seen: new images of the training pairs; recoloured: training scenes in unnamed colours
-SPLITS = ("train", "held_out", "seen", "recoloured")
+#: seen: new images of the training pairs; recoloured: training scenes in unnamed colours;
+#: reshaped: palette colours in unnamed shapes
+SPLITS = ("train", "held_out", "seen", "recoloured", "reshaped")
 #: a recoloured scene's hue keeps this many degrees from every palette colour's hue (or it is
 #: a grey): no picture of that split shows a colour a person would call one of the five
 HUE_MARGIN = 30.0
 
 ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色", "purple": "紫色",
       "circle": "圆形", "square": "正方形", "triangle": "三角形", "cross": "十字形",
-      "small": "小", "big": "大", "left": "左边", "right": "右边"}
+      "small": "小", "big": "大", "left": "左边", "right": "右边", "shape": "图形"}
 EN_COUNT = {1: "one", 2: "two", 3: "three"}
 ZH_COUNT = {1: "一", 2: "两", 3: "三"}
-PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "cross": "crosses"}
+PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "cross": "crosses",
+          "shape": "shapes"}
 #: the question kinds, each with its possible answers (so chance = 1 / len(answers))
 QUESTION_KINDS = ("colour", "shape", "count", "size", "side")
 LANGUAGES = ("en", "zh")
@@ -106,6 +110,8 @@ def pairs(split: str) -> list[tuple[str, str]]:
     held_out = set(HELD_OUT_PAIRS)
     if split == "recoloured":
         return [("", shape) for shape in SHAPES]
+    if split == "reshaped":
+        return [(colour, shape) for colour in COLOURS for shape in UNNAMED_SHAPES]
     return [p for p in every if (p in held_out) == (split == "held_out")]
 
 
@@ -191,28 +197,46 @@ def make_scene(seed: int, split: str, index: int) -> Scene:
     return Scene(colour, shape, count, size, side, cells, offsets, rgb)
 
 
-def check_recoloured(share: float) -> float:
-    """``share`` if it is a valid share of recoloured training pictures, [0, 1); else a
-    ``ValueError`` naming it (``VisionSettings`` checks its setting with this too)."""
-    if not 0.0 <= share < 1.0:
-        raise ValueError(f"recoloured is a share of the training pictures in [0, 1), got {share}")
-    return share
+def check_shares(recoloured: float, reshaped: float = 0.0) -> tuple[float, float]:
+    """The shares of recoloured and of reshaped training pictures if each is in [0, 1) and
+    together they leave some plain ones; else a ``ValueError`` naming them
+    (``VisionSettings`` checks its settings with this too)."""
+    for name, share in (("recoloured", recoloured), ("reshaped", reshaped)):
+        if not 0.0 <= share < 1.0:
+            raise ValueError(f"{name} is a share of the training pictures in [0, 1), got {share}")
+    if recoloured + reshaped >= 1.0:
+        raise ValueError(f"recoloured ({recoloured}) + reshaped ({reshaped}) must stay below 1: "
+                         "some training pictures must name both colour and shape")
+    return recoloured, reshaped
 
 
-def training_scene(seed: int, index: int, total: int, recoloured: float = 0.0) -> Scene:
+def training_scene(seed: int, index: int, total: int, recoloured: float = 0.0,
+                   reshaped: float = 0.0) -> Scene:
     """Scene ``index`` of a training set of ``total``: the last ``round(total * recoloured)``
     are ``"recoloured"`` scenes (shapes in an unnamed ink, captioned without a colour), the
-    rest ``"train"`` scenes. Recolouring is SimCLR's colour augmentation made safe for the
-    split: it shows every shape in many inks, so that a shape is learnt apart from its colour,
-    and never in a palette colour held out with it.
+    ``round(total * reshaped)`` before them ``"reshaped"`` ones (a palette colour in a ring or
+    a diamond, captioned without a shape), the rest ``"train"`` scenes.
 
-    >>> [training_scene(0, i, 4, recoloured=0.5).colour == "" for i in range(4)]
-    [False, False, True, True]
+    Recolouring is SimCLR's colour augmentation made safe for the split: it shows every shape
+    in many inks, so that a shape is learnt apart from its colour, and never in a palette
+    colour held out with it. Reshaping is the same for colour: training names each colour with
+    only three of the four shapes, so a shape is a hint about the colour, and a model that
+    takes the hint names the wrong colour for a held-out pair; pictures whose colour is named
+    and whose shape is not break that hint.
+
+    >>> [training_scene(0, i, 6, recoloured=1/3, reshaped=1/3).pair for i in range(6)]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('purple', 'square'), ('purple', 'triangle'), ('blue', 'ring'), ('yellow', 'ring'),
+     ('', 'triangle'), ('', 'cross')]
     """
-    plain = total - round(total * check_recoloured(recoloured))
+    check_shares(recoloured, reshaped)
+    n_recoloured, n_reshaped = round(total * recoloured), round(total * reshaped)
+    plain = total - n_recoloured - n_reshaped
     if index < plain:
         return make_scene(seed, "train", index)
-    return make_scene(seed, "recoloured", index - plain)
+    if index < plain + n_reshaped:
+        return make_scene(seed, "reshaped", index - plain)
+    return make_scene(seed, "recoloured", index - plain - n_reshaped)
 
 
 def shape_mask(shape: str, cx: float, cy: float, radius: float,
@@ -239,7 +263,11 @@ def shape_mask(shape: str, cx: float, cy: float, radius: float,
         arm = radius / 3
         return ((np.abs(dx) <= arm) & (np.abs(dy) <= radius)) | (
             (np.abs(dy) <= arm) & (np.abs(dx) <= radius))
-    raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+    if shape == "ring":  # unnamed: a disc with a hole of 0.55 r
+        return (dx**2 + dy**2 <= radius**2) & (dx**2 + dy**2 >= (0.55 * radius) ** 2)
+    if shape == "diamond":  # unnamed: a square on its corner
+        return np.abs(dx) + np.abs(dy) <= 1.2 * radius
+    raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES + UNNAMED_SHAPES)}")
 
 
 def render(scene: Scene, size: int = IMAGE_SIZE) -> np.ndarray:
@@ -257,7 +285,8 @@ def render(scene: Scene, size: int = IMAGE_SIZE) -> np.ndarray:
 
 def caption(scene: Scene, language: str = "en") -> str:
     """A sentence naming all five attributes, in English or Chinese (four for a recoloured
-    scene: its ink has no name, so the caption names none).
+    scene: its ink has no name, so the caption names none; a reshaped scene's ring or diamond
+    is just "shapes").
 
     >>> s = Scene("blue", "cross", 3, "small", "right", ((0, 2), (1, 2), (2, 3)), ((0, 0),) * 3)
     >>> caption(s), caption(s, "zh")
@@ -265,12 +294,17 @@ def caption(scene: Scene, language: str = "en") -> str:
     >>> recoloured = make_scene(0, "recoloured", 1)
     >>> recoloured.rgb, caption(recoloured), caption(recoloured, "zh")
     ((53, 156, 156), 'one big cross on the left', '左边有一个大的十字形')
+    >>> reshaped = make_scene(0, "reshaped", 0)
+    >>> reshaped.pair, caption(reshaped), caption(reshaped, "zh")
+    (('blue', 'ring'), 'three small blue shapes on the left', '左边有三个小的蓝色图形')
     """
     c, s, n, z, side = scene.attributes()
+    noun = s if s in SHAPES else "shape"  # an unnamed shape is just "a shape"
     if language == "en":
-        return f"{EN_COUNT[n]} {z} {c + ' ' if c else ''}{s if n == 1 else PLURAL[s]} on the {side}"
+        return (f"{EN_COUNT[n]} {z} {c + ' ' if c else ''}{noun if n == 1 else PLURAL[noun]} "
+                f"on the {side}")
     if language == "zh":
-        return f"{ZH[side]}有{ZH_COUNT[n]}个{ZH[z]}的{ZH.get(c, '')}{ZH[s]}"
+        return f"{ZH[side]}有{ZH_COUNT[n]}个{ZH[z]}的{ZH.get(c, '')}{ZH[noun]}"
     raise ValueError(f"unknown language {language!r}; languages: {', '.join(LANGUAGES)}")
 
 
@@ -304,13 +338,15 @@ def question(scene: Scene, kind: str, language: str = "en") -> tuple[str, str]:
     c, s, n, z, side = scene.attributes()
     if kind == "colour" and not c:
         raise ValueError("a recoloured scene's ink has no colour name: it has no colour question")
+    if kind == "shape" and s not in SHAPES:
+        raise ValueError(f"a reshaped scene's {s} has no shape name: it has no shape question")
     en = {"colour": (f"What colour {'is the shape' if n == 1 else 'are the shapes'}?", c),
           "shape": ("What shape is in the picture?", s),
           "count": ("How many shapes are there?", str(n)),
           "size": ("Are the shapes big or small?", z),
           "side": ("Are the shapes on the left or the right?", side)}
     zh = {"colour": ("图形是什么颜色？", ZH.get(c, c)),
-          "shape": ("图中是什么形状？", ZH[s]),
+          "shape": ("图中是什么形状？", ZH.get(s, s)),
           "count": ("图中有几个图形？", str(n)),
           "size": ("图形是大还是小？", ZH[z]),
           "side": ("图形在左边还是右边？", ZH[side])}
@@ -325,8 +361,9 @@ def question(scene: Scene, kind: str, language: str = "en") -> tuple[str, str]:
 def questions(scene: Scene) -> list[dict]:
     """All ten questions about a scene (five kinds x two languages) as records:
     ``{"kind", "language", "question", "answer"}``; a recoloured scene's colour questions
-    have no answer and are left out (eight)."""
-    kinds = [k for k in QUESTION_KINDS if k != "colour" or scene.colour]
+    and a reshaped scene's shape questions have no answer and are left out (eight)."""
+    answerable = {"colour": bool(scene.colour), "shape": scene.shape in SHAPES}
+    kinds = [k for k in QUESTION_KINDS if answerable.get(k, True)]
     return [{"kind": k, "language": lang, **dict(zip(("question", "answer"),
                                                      question(scene, k, lang), strict=True))}
             for lang in LANGUAGES for k in kinds]

@@ -58,6 +58,7 @@ from minimind_lib.scenes import (
     SIZES,
     Scene,
     caption,
+    check_shares,
     render,
     training_scene,
 )
@@ -302,15 +303,16 @@ def pad_ids(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]
 
 class CaptionDataset(torch.utils.data.Dataset):
     """(picture, caption) pairs for ``train.train``: item ``i`` is training scene ``i``
-    (``scenes.training_scene``: a share ``recoloured`` of them in unnamed inks), drawn on
-    demand, captioned in English for even ``i`` and in Chinese for odd ``i``. ``collate``
-    makes a batch dict."""
+    (``scenes.training_scene``: a share ``recoloured`` of them in unnamed inks, a share
+    ``reshaped`` in unnamed shapes), drawn on demand, captioned in English for even ``i`` and in
+    Chinese for odd ``i``. ``collate`` makes a batch dict."""
 
     def __init__(self, tokenizer: BPETokenizer, size: int, *, seed: int,
-                 recoloured: float = 0.0, max_text_len: int = 32) -> None:
+                 recoloured: float = 0.0, reshaped: float = 0.0, max_text_len: int = 32) -> None:
         if size <= 0:
             raise ValueError(f"a caption dataset needs at least one picture, got size {size}")
-        self.tokenizer, self.size, self.seed, self.recoloured = tokenizer, size, seed, recoloured
+        self.tokenizer, self.size, self.seed = tokenizer, size, seed
+        self.recoloured, self.reshaped = check_shares(recoloured, reshaped)
         self.max_text_len = max_text_len
         self.pad_id = tokenizer.token_to_id(END_OF_TEXT)
 
@@ -318,7 +320,7 @@ class CaptionDataset(torch.utils.data.Dataset):
         return self.size
 
     def scene(self, i: int) -> Scene:
-        return training_scene(self.seed, i, self.size, self.recoloured)
+        return training_scene(self.seed, i, self.size, self.recoloured, self.reshaped)
 
     def __getitem__(self, i: int) -> dict:
         scene = self.scene(i)

@@ -62,11 +62,13 @@ from minimind_lib.scenes import (
     HELD_OUT_PAIRS,
     LANGUAGES,
     QUESTION_KINDS,
+    Scene,
     answers,
-    check_recoloured,
+    check_shares,
     make_scene,
     questions,
     render,
+    training_scene,
 )
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, BPETokenizer, chat_parts
 from minimind_lib.train import RunOptions, TrainConfig, TrainSettings, require_positive, train
@@ -100,9 +102,12 @@ class VisionSettings:
     """
 
     train_images: int = 8000  # training pictures (scenes of the training pairs)
-    # the share of CLIP's pictures in unnamed inks (scenes.training_scene); measured on the
-    # cpu profile, the VLM read held-out shapes at 35-37% on such a CLIP, 5% without
+    # the shares of the training pictures (CLIP's and the VLM's) in unnamed inks and in unnamed
+    # shapes (scenes.training_scene): each names one of colour and shape without the other, so
+    # neither is learnt as a hint about the other. Measured on the cpu profile, the VLM read
+    # held-out shapes at 35-37% on a CLIP with 30% recoloured pictures, 5% without
     recoloured: float = 0.3
+    reshaped: float = 0.3
     eval_images: int = 100  # held-out pictures; each is asked all ten questions
     # the tiny CLIP's sizes (--set vision.clip.embed_dim=..; vocab_size follows the tokenizer)
     clip: CLIPConfig = field(default_factory=CLIPConfig)
@@ -121,7 +126,7 @@ class VisionSettings:
         require_positive(self, "train_images", "eval_images", "clip_steps", "clip_batch_size",
                          "clip_learning_rate", "merge", "vlm_steps", "vlm_batch_size",
                          "vlm_learning_rate", "warmup_steps")
-        check_recoloured(self.recoloured)
+        check_shares(self.recoloured, self.reshaped)
         if self.train_images < self.clip_batch_size:
             raise ValueError(f"VisionSettings.train_images ({self.train_images}) must be at least "
                              f"clip_batch_size ({self.clip_batch_size}): one batch of pictures")
@@ -379,22 +384,35 @@ QUESTIONS_PER_SCENE = len(QUESTION_KINDS) * len(LANGUAGES)
 
 class VQADataset(Dataset):
     """Questions about pictures for ``train.train``: item ``k`` is question ``k % 10`` about
-    scene ``k // 10`` of ``split`` (drawn on demand). ``collate`` pads a batch."""
+    scene ``k // 10`` (drawn on demand) of ``split``; of the training set
+    (``scenes.training_scene``) when ``split`` is "train", with its ``recoloured`` and
+    ``reshaped`` shares. A recoloured or reshaped scene has eight questions, not ten: its
+    items 8 and 9 ask its first two again. ``collate`` pads a batch."""
 
     def __init__(self, tokenizer: BPETokenizer, images: int, *, seed: int, image_tokens: int,
-                 split: str = "train") -> None:
+                 split: str = "train", recoloured: float = 0.0, reshaped: float = 0.0) -> None:
         if images <= 0:
             raise ValueError(f"a VQA dataset needs at least one picture, got {images}")
+        if split != "train" and (recoloured or reshaped):
+            raise ValueError(f"recoloured and reshaped shares are for the training split, not "
+                             f"{split!r}")
         self.tokenizer, self.images, self.seed = tokenizer, images, seed
         self.image_tokens, self.split = image_tokens, split
+        self.recoloured, self.reshaped = check_shares(recoloured, reshaped)
         self.pad_id = tokenizer.token_to_id(END_OF_TEXT)
 
     def __len__(self) -> int:
         return self.images * QUESTIONS_PER_SCENE
 
+    def scene(self, i: int) -> Scene:
+        if self.split != "train":
+            return make_scene(self.seed, self.split, i)
+        return training_scene(self.seed, i, self.images, self.recoloured, self.reshaped)
+
     def __getitem__(self, k: int) -> dict:
-        scene = make_scene(self.seed, self.split, k // QUESTIONS_PER_SCENE)
-        record = questions(scene)[k % QUESTIONS_PER_SCENE]
+        scene = self.scene(k // QUESTIONS_PER_SCENE)
+        records = questions(scene)
+        record = records[k % QUESTIONS_PER_SCENE % len(records)]
         ids, labels = vqa_example(self.tokenizer, record["question"], record["answer"],
                                   self.image_tokens)
         return {"image": render(scene), "ids": ids, "labels": labels}
@@ -495,7 +513,8 @@ def train_clip(clip: CLIP, tokenizer: BPETokenizer, settings: VisionSettings, *,
                callbacks: Iterable[Callable[[dict], None]] = ()) -> list[dict]:
     """Train the tiny CLIP on ``settings.train_images`` captioned pictures; the metrics rows."""
     data = CaptionDataset(tokenizer, settings.train_images, seed=seed,
-                          recoloured=settings.recoloured, max_text_len=clip.config.max_text_len)
+                          recoloured=settings.recoloured, reshaped=settings.reshaped,
+                          max_text_len=clip.config.max_text_len)
     config = TrainConfig.from_stage(settings.clip_training(), options, out_dir=out_dir,
                                     precision=precision, device=device, seed=seed,
                                     progress=progress)
@@ -511,7 +530,8 @@ def train_vlm(vlm: VisionLanguageModel, tokenizer: BPETokenizer, settings: Visio
     """Train the projector (and the LM, when ``settings.train_lm``) on questions about the
     training pictures, answer-only; the encoder stays frozen. The metrics rows."""
     vlm.lm.requires_grad_(settings.train_lm)
-    data = VQADataset(tokenizer, settings.train_images, seed=seed, image_tokens=vlm.image_tokens)
+    data = VQADataset(tokenizer, settings.train_images, seed=seed, image_tokens=vlm.image_tokens,
+                      recoloured=settings.recoloured, reshaped=settings.reshaped)
     config = TrainConfig.from_stage(settings.vlm_training(), options, out_dir=out_dir,
                                     precision=precision, device=device, seed=seed,
                                     progress=progress)

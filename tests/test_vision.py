@@ -19,8 +19,10 @@ from minimind_lib.scenes import (
     HELD_OUT_PAIRS,
     HUE_MARGIN,
     LANGUAGES,
+    PLURAL,
     QUESTION_KINDS,
     SHAPES,
+    UNNAMED_SHAPES,
     ZH,
     answers,
     caption,
@@ -120,14 +122,60 @@ def test_recoloured_scenes_show_no_palette_colour_and_name_none():
     assert any(is_grey(make_scene(2, "recoloured", i).rgb) for i in range(100))
 
 
-def test_training_scenes_recolour_the_asked_share():
+def test_reshaped_scenes_name_their_colour_and_no_shape():
+    for i in range(100):
+        scene = make_scene(2, "reshaped", i)
+        assert scene.colour in COLOURS and scene.shape in UNNAMED_SHAPES and scene.rgb is None
+        picture = render(scene)
+        painted = ~(picture == BACKGROUND).all(axis=-1)
+        assert (picture[painted] == COLOURS[scene.colour]).all() and painted.sum() > 10
+        en, zh = caption(scene, "en"), caption(scene, "zh")
+        assert scene.colour in en.split() and ZH[scene.colour] in zh
+        assert not any(s in en or PLURAL[s] in en or ZH[s] in zh for s in SHAPES), (en, zh)
+        asked = [r["kind"] for r in questions(scene)]
+        assert "shape" not in asked and asked.count("colour") == 2 and len(asked) == 8
+    assert {make_scene(2, "reshaped", i).shape for i in range(50)} == set(UNNAMED_SHAPES)
+    with pytest.raises(ValueError, match="no shape question"):
+        from minimind_lib.scenes import question
+        question(make_scene(2, "reshaped", 0), "shape", "en")
+    # a ring is not a circle: the hole is background
+    ring = render(replace(make_scene(2, "reshaped", 0), shape="ring", count=1, size="big"))
+    disc = render(replace(make_scene(2, "reshaped", 0), shape="circle", count=1, size="big"))
+    assert (ring != BACKGROUND).any(axis=-1).sum() < (disc != BACKGROUND).any(axis=-1).sum()
+
+
+def test_training_scenes_recolour_and_reshape_the_asked_shares():
     kinds = ["" == training_scene(0, i, 10, recoloured=0.3).colour for i in range(10)]
     assert kinds == [False] * 7 + [True] * 3
     assert training_scene(0, 4, 10) == make_scene(0, "train", 4)
+    shapes = [training_scene(0, i, 10, 0.3, 0.2).shape in UNNAMED_SHAPES for i in range(10)]
+    assert shapes == [False] * 5 + [True] * 2 + [False] * 3
+    assert training_scene(0, 9, 10, 0.3, 0.2) == training_scene(0, 9, 10, 0.3)  # same recoloured
     with pytest.raises(ValueError, match="recoloured is a share"):
         training_scene(0, 0, 10, recoloured=1.0)
     with pytest.raises(ValueError, match="recoloured is a share"):
         VisionSettings(recoloured=-0.1)
+    with pytest.raises(ValueError, match="reshaped is a share"):
+        VisionSettings(reshaped=1.5)
+    with pytest.raises(ValueError, match=r"recoloured \(0.6\) \+ reshaped \(0.5\)"):
+        VisionSettings(recoloured=0.6, reshaped=0.5)
+
+
+def test_vqa_training_data_asks_each_picture_only_what_it_shows():
+    tokenizer = load_tokenizer()
+    data = VQADataset(tokenizer, 10, seed=0, image_tokens=4, recoloured=0.3, reshaped=0.3)
+    for k in range(len(data)):
+        scene = data.scene(k // 10)
+        answer = tokenizer.decode([t for t in data[k]["labels"] if t >= 0]).removesuffix("<|im_end|>")
+        # a ring has no shape name, an unnamed ink no colour name: neither is ever asked
+        kinds = [kind for kind in QUESTION_KINDS
+                 if not (kind == "shape" and scene.shape in UNNAMED_SHAPES)
+                 and not (kind == "colour" and not scene.colour)]
+        assert any(answer in answers(kind, lang) for kind in kinds for lang in LANGUAGES), answer
+    assert sum(data.scene(i).shape in UNNAMED_SHAPES for i in range(10)) == 3
+    assert sum(data.scene(i).colour == "" for i in range(10)) == 3
+    with pytest.raises(ValueError, match="for the training split"):
+        VQADataset(tokenizer, 10, seed=0, image_tokens=4, split="held_out", recoloured=0.3)
 
 
 def test_the_clip_sizes_nest_in_the_vision_settings_and_are_set_by_dotted_keys(tmp_path):

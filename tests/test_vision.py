@@ -613,12 +613,13 @@ def test_a_text_model_refuses_pictures_and_says_why(tokenizer):
 def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     """`python -m minimind_lib vision --profile smoke` on the session's smoke sft model: the
     smoke CLIP settings as they are (its zero-shot figure must beat twice chance: measured
-    40% against 5% on a busy 2-core machine), a short VLM run (its figures are only checked to
-    be there: the smoke VLM does not beat chance, see docs/benchmarks.md)."""
+    24-48% against 5% over seeds), a short VLM run on the tiny smoke LM (its figures are only
+    checked to be there: 8 steps teach it nothing; docs/benchmarks.md has the full runs)."""
     import shutil
 
     from minimind_lib.__main__ import main
     from minimind_lib.files import EVAL_FILE, MARKER_FILE, METRICS_FILE
+    from minimind_lib.profiles import get_profile
     from minimind_lib.vision import load_clip
 
     root = tmp_path / "runs"
@@ -632,7 +633,8 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     assert 0 <= result["vqa_exact_match"] <= 1 and result["vqa"]["held_out"]["all"]["n"] == 60
     assert set(result["vqa_by_kind"]) == set(QUESTION_KINDS)
     phases = [json.loads(line)["phase"] for line in (out / METRICS_FILE).read_text().splitlines()]
-    assert phases.count("clip") == 120 and phases.count("vlm") == 8
+    assert phases.count("clip") == get_profile("smoke").vision.clip_steps
+    assert phases.count("vlm") == 8
     assert load_clip(out / "clip").config.vision_width == 64  # the smoke profile's CLIP
     vlm = load_vlm(out / "vlm")
     assert vlm.lm.config.hidden_size == 64  # the smoke sft model, with eyes

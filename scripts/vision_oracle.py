@@ -45,25 +45,26 @@ class InkEncoder(nn.Module):
     def __init__(self, width: int, patch_size: int, level: float = 8.0) -> None:
         super().__init__()
         self.width, self.patch_size, self.level = width, patch_size, level
-        # the background colour as to_pixels scales it, (3,) in [-1, 1]
+        # the background colour as to_pixels normalises it, (3,)
         self.background = to_pixels(torch.tensor([[BACKGROUND]], dtype=torch.uint8))[0, :, 0, 0]
 
     def patch_features(self, pixels: Tensor) -> Tensor:
-        patches = patchify(pixels, self.patch_size)  # (B, N, p*p*3) in [-1, 1]
-        ink = (patches.unflatten(-1, (-1, 3)) - self.background).abs().amax(dim=(-2, -1)) > 0.2
+        patches = patchify(pixels, self.patch_size)  # (B, N, p*p*3), normalised
+        # every ink is over 2 standard deviations from the background in some channel
+        ink = (patches.unflatten(-1, (-1, 3)) - self.background).abs().amax(dim=(-2, -1)) > 1.0
         out = torch.zeros(*ink.shape, self.width)  # (B, N, width)
         out[..., 0] = ink.float() * self.level
         return out
 
 
-def vlm_on(features: str, clip_dir: str) -> VisionLanguageModel:
+def vlm_on(features: str, clip_dir: str, merge: int) -> VisionLanguageModel:
     clip = load_clip(clip_dir)
     config = clip.config
     encoder = (clip.image_encoder if features == "CLIP"
                else InkEncoder(config.vision_width, config.patch_size))
     lm = load_model("data/reference/sft")
     return VisionLanguageModel(lm, encoder, Projector(config.vision_width, lm.config.hidden_size,
-                                                      config.grid))
+                                                      config.grid, merge))
 
 
 def main() -> None:
@@ -80,7 +81,7 @@ def main() -> None:
     for steps in args.steps:
         for features in ("CLIP", "ideal"):
             torch.manual_seed(0)
-            vlm = vlm_on(features, args.clip)
+            vlm = vlm_on(features, args.clip, settings.merge)
             start = time.perf_counter()
             train_vlm(vlm, tokenizer, replace(settings, vlm_steps=steps), seed=args.seed,
                       progress=False)

@@ -144,6 +144,19 @@ def test_reshaped_scenes_name_their_colour_and_no_shape():
     assert (ring != BACKGROUND).any(axis=-1).sum() < (disc != BACKGROUND).any(axis=-1).sum()
 
 
+def test_pixels_are_normalised_by_the_training_pictures_own_statistics():
+    from minimind_lib.vision import PIXEL_MEAN, PIXEL_STD
+
+    settings = VisionSettings()
+    pictures = np.stack([render(training_scene(3, i, 2000, settings.recoloured, settings.reshaped))
+                         for i in range(0, 2000, 2)])  # (1000, 64, 64, 3)
+    x = to_pixels(pictures)  # (1000, 3, 64, 64)
+    assert torch.allclose(x.mean(dim=(0, 2, 3)), torch.zeros(3), atol=0.05)
+    assert torch.allclose(x.std(dim=(0, 2, 3)), torch.ones(3), atol=0.1)  # 2-5% apart by seed
+    assert np.allclose(pictures.reshape(-1, 3).mean(0) / 255, PIXEL_MEAN, atol=0.005)
+    assert np.allclose(pictures.reshape(-1, 3).std(0) / 255, PIXEL_STD, atol=0.01)
+
+
 def test_training_scenes_recolour_and_reshape_the_asked_shares():
     kinds = ["" == training_scene(0, i, 10, recoloured=0.3).colour for i in range(10)]
     assert kinds == [False] * 7 + [True] * 3

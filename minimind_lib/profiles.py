@@ -134,9 +134,10 @@ def _smoke() -> Profile:
         # patches (one per cell of the board: 16 picture tokens with merge 1, the encoder 4x
         # cheaper than at 8) and 500 VLM steps: on ideal features the VLM needs ~500 steps to
         # learn both count and side (scripts/vision_oracle.py). Measured (50 held-out pictures,
-        # three seeds, 2 jobs on 2 cores, docs/benchmarks.md): VQA 74.6%, 78.8%, 73.6% (twice
-        # chance: 71.4%); 300 x 64 CLIP steps instead: 72.8%, 81.6%, 71.6%; 250 VLM steps on
-        # 8-pixel patches (before): 50.5-57.0%
+        # docs/benchmarks.md): zero-shot 54-76% (chance 5%); VQA 67.6-83.6% over six runs,
+        # above twice chance (71.4%) in three: where it misses, side is not learnt yet
+        # (49-54%); 700 VLM steps did not change that. 250 VLM steps on 8-pixel patches
+        # (before): 50.5-57.0%
         vision=VisionSettings(train_images=2000, eval_images=50,
                               clip=CLIPConfig(patch_size=16), clip_steps=400,
                               clip_batch_size=128, merge=1, vlm_steps=500, vlm_learning_rate=1e-3,

@@ -105,7 +105,8 @@ class VisionSettings:
     # the shares of the training pictures (CLIP's and the VLM's) in unnamed inks and in unnamed
     # shapes (scenes.training_scene): each names one of colour and shape without the other, so
     # neither is learnt as a hint about the other. Measured on the cpu profile, the VLM read
-    # held-out shapes at 35-37% on a CLIP with 30% recoloured pictures, 5% without
+    # held-out shapes at 35-37% on a CLIP with 30% recoloured pictures, 5% without; adding
+    # 30% reshaped ones to both trainings: zero-shot 66% -> 77%, VQA 81.8% -> 86.9% (one run)
     recoloured: float = 0.3
     reshaped: float = 0.3
     eval_images: int = 100  # held-out pictures; each is asked all ten questions

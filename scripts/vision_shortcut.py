@@ -32,9 +32,8 @@ from minimind_lib.checkpoint import load_model
 from minimind_lib.profiles import get_profile
 from minimind_lib.scenes import QUESTION_KINDS
 from minimind_lib.tokenizer import load_tokenizer
-from minimind_lib.train import TrainConfig, train
 from minimind_lib.vision import load_clip
-from minimind_lib.vlm import VQADataset, build_vlm, evaluate_vqa, vqa_loss
+from minimind_lib.vlm import build_vlm, evaluate_vqa, train_vlm
 
 ARMS = ("plain", "recoloured", "both")
 
@@ -60,14 +59,10 @@ def main() -> None:
     for arm in args.arms:
         torch.manual_seed(args.init_seed)
         vlm = build_vlm(load_model("data/reference/sft"), load_clip(args.clip), args.merge)
-        data = VQADataset(tokenizer, settings.train_images, seed=args.seed,
-                          image_tokens=vlm.image_tokens,
-                          recoloured=0.0 if arm == "plain" else args.share,
-                          reshaped=args.share if arm == "both" else 0.0)
-        config = TrainConfig.from_stage(settings.vlm_training(), profile.train, seed=args.seed,
-                                        progress=False)
+        shares = replace(settings, recoloured=0.0 if arm == "plain" else args.share,
+                         reshaped=args.share if arm == "both" else 0.0)
         start = time.perf_counter()
-        train(vlm, data, config, loss_fn=vqa_loss, collate_fn=data.collate)
+        train_vlm(vlm, tokenizer, shares, seed=args.seed, options=profile.train, progress=False)
         took = time.perf_counter() - start
         score = evaluate_vqa(vlm, tokenizer, args.seed, args.images)["held_out"]
         print(f"| {arm} | " + " | ".join(f"{score[k].exact_match:.1%}" for k in QUESTION_KINDS)

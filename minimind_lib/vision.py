@@ -64,6 +64,13 @@ from minimind_lib.scenes import (
 )
 from minimind_lib.tokenizer import END_OF_TEXT, BPETokenizer
 
+#: the initial scale of the image encoder's position vectors. ViT's 0.02 is lost beside the patch
+#: embedding of a normalised shape (RMS ~1-1.5 at the start, against ~0.1 for background), and the
+#: mean-pooled embedding then never learns where the shapes are. Measured on smoke CLIPs (400 x
+#: 128 steps, 50 held-out pictures): zero-shot side 40% at 0.02 (chance 50%), 100% at 0.5 and 1.0
+#: (two seeds at 0.5), and (colour, shape) on held-out pairs 70% -> 82-88%
+ENCODER_POSITION_STD = 0.5
+
 
 @dataclass(frozen=True)
 class CLIPConfig:
@@ -194,7 +201,7 @@ class EncoderBlock(Block):
 class ImageEncoder(nn.Module):
     """A small ViT: ``patchify`` -> linear patch embedding + learned positions -> encoder
     blocks -> RMSNorm. ``patch_features`` are the per-patch states (B, N, width);
-    ``forward`` their mean, projected to ``embed_dim`` (unnormalised)."""
+    ``forward`` their mean, projected to ``embed_dim`` (unnormalised; ``pool``)."""
 
     def __init__(self, config: CLIPConfig) -> None:
         super().__init__()
@@ -206,7 +213,7 @@ class ImageEncoder(nn.Module):
         self.norm = RMSNorm(config.vision_width)
         self.proj = nn.Linear(config.vision_width, config.embed_dim, bias=False)
         self.apply(MiniMindForCausalLM._init_weights)
-        nn.init.normal_(self.position, std=0.02)
+        nn.init.normal_(self.position, std=ENCODER_POSITION_STD)
 
     def patch_features(self, pixels: Tensor) -> Tensor:
         """(B, 3, H, W) -> (B, N, width)."""
@@ -215,8 +222,12 @@ class ImageEncoder(nn.Module):
             x, _ = layer(x, None, None)  # no RoPE: the positions were added above
         return self.norm(x)
 
+    def pool(self, features: Tensor) -> Tensor:
+        """Patch states (B, N, width) -> the picture's embedding (B, E): their mean, projected."""
+        return self.proj(features.mean(dim=1))
+
     def forward(self, pixels: Tensor) -> Tensor:
-        return self.proj(self.patch_features(pixels).mean(dim=1))  # (B, E)
+        return self.pool(self.patch_features(pixels))  # (B, E)
 
 
 class TextEncoder(nn.Module):

@@ -42,9 +42,10 @@ class InkEncoder(nn.Module):
     [0.0, 8.0, 0.0, 0.0]
     """
 
-    def __init__(self, width: int, patch_size: int, level: float = 8.0) -> None:
+    def __init__(self, width: int, patch_size: int, embed_dim: int = 64, level: float = 8.0) -> None:
         super().__init__()
         self.width, self.patch_size, self.level = width, patch_size, level
+        self.embed_dim = embed_dim
         # the background colour as to_pixels normalises it, (3,)
         self.background = to_pixels(torch.tensor([[BACKGROUND]], dtype=torch.uint8))[0, :, 0, 0]
 
@@ -56,15 +57,21 @@ class InkEncoder(nn.Module):
         out[..., 0] = ink.float() * self.level
         return out
 
+    def pool(self, features: Tensor) -> Tensor:
+        """No whole-picture summary (zeros, (B, embed_dim)): the oracle asks what the patches
+        say."""
+        return torch.zeros(features.shape[0], self.embed_dim)
+
 
 def vlm_on(features: str, clip_dir: str, merge: int) -> VisionLanguageModel:
     clip = load_clip(clip_dir)
     config = clip.config
     encoder = (clip.image_encoder if features == "CLIP"
-               else InkEncoder(config.vision_width, config.patch_size))
+               else InkEncoder(config.vision_width, config.patch_size, config.embed_dim))
     lm = load_model("data/reference/sft")
     return VisionLanguageModel(lm, encoder, Projector(config.vision_width, lm.config.hidden_size,
-                                                      config.grid, merge))
+                                                      config.grid, merge,
+                                                      embed_dim=config.embed_dim))
 
 
 def main() -> None:

@@ -157,6 +157,24 @@ def test_pixels_are_normalised_by_the_training_pictures_own_statistics():
     assert np.allclose(pictures.reshape(-1, 3).std(0) / 255, PIXEL_STD, atol=0.01)
 
 
+def test_the_encoders_positions_are_not_lost_beside_a_shape():
+    """A patch with ink in it starts ~10x bigger than a background patch once pixels are
+    normalised; positions at ViT's usual 0.02 were then ~1% of it and a smoke CLIP never
+    learnt where the shapes are (zero-shot side 40%, chance 50%; 100% at the scale used)."""
+    from minimind_lib.vision import ImageEncoder
+
+    torch.manual_seed(0)
+    encoder = ImageEncoder(CLIPConfig(vocab_size=16, patch_size=16))
+    pixels = to_pixels(np.stack([render(make_scene(0, "train", i)) for i in range(32)]))
+    with torch.no_grad():
+        patches = encoder.patch_embed(patchify(pixels, 16))  # (32, 16, 64)
+    rms = patches.pow(2).mean(-1).sqrt()  # (32, 16)
+    inked = rms > 2 * rms.median()  # most patches are background
+    assert inked.float().mean() > 0.1
+    position_rms = encoder.position.pow(2).mean(-1).sqrt()  # (16,)
+    assert position_rms.mean() > 0.25 * rms[inked].mean()
+
+
 def test_training_scenes_recolour_and_reshape_the_asked_shares():
     kinds = ["" == training_scene(0, i, 10, recoloured=0.3).colour for i in range(10)]
     assert kinds == [False] * 7 + [True] * 3
@@ -460,16 +478,22 @@ def test_stream_with_a_picture_equals_recomputing_everything(tokenizer):
     assert torch.equal(cached, seq[:, prompt.shape[1]:])
 
 
-def test_the_projector_tells_its_tokens_apart_by_position():
-    """Four identical 2 x 2 blocks (a blank picture) give four different LM inputs: the
-    per-token position vectors, without which the LM could not tell left from right."""
+def test_the_projector_tells_its_tokens_apart_by_position_and_adds_the_picture_token():
+    """Four identical 2 x 2 blocks (a blank picture) give four different LM inputs (the
+    per-token position vectors), then one more: the picture's CLIP embedding, whose scale does
+    not matter (it is normalised), and which alone tells two pictures of equal patches apart."""
     from minimind_lib.vlm import Projector
 
     torch.manual_seed(0)
-    projector = Projector(vision_width=8, hidden_size=16, grid=4)
-    out = projector(torch.ones(1, 16, 8))[0]  # (4, 16)
-    assert out.shape == (4, 16) and len({tuple(row.tolist()) for row in out}) == 4
-    assert torch.allclose(out - projector.position, projector.mlp(torch.ones(1, 4, 32))[0])
+    projector = Projector(vision_width=8, hidden_size=16, grid=4, embed_dim=6)
+    assert projector.num_tokens == 5
+    embedding = torch.randn(2, 6)
+    out = projector(torch.ones(2, 16, 8), embedding)  # (2, 5, 16)
+    assert out.shape == (2, 5, 16) and len({tuple(row.tolist()) for row in out[0, :4]}) == 4
+    assert torch.allclose(out[0, :4] - projector.position, projector.mlp(torch.ones(1, 4, 32))[0])
+    assert torch.equal(out[:, :4], out[[1, 0], :4])  # same patches, same patch tokens
+    assert not torch.allclose(out[0, 4], out[1, 4])  # different pictures
+    assert torch.allclose(projector(torch.ones(2, 16, 8), 7 * embedding), out, atol=1e-6)
 
 
 def test_training_moves_the_projector_not_the_frozen_encoder(tokenizer):

@@ -1025,9 +1025,9 @@ def fig_vlm() -> plt.Figure:
     ax.imshow(render(red_circle), extent=(slots - 0.35, slots + 0.35, 3.05, 3.75), aspect="auto",
               interpolation="none")
     box(ax, slots - 2.3, 2.3, 4.6, 0.45, f"frozen image encoder (the tiny CLIP's ViT): {n * n} "
-        "patch features", DATA, size=8.5)
-    box(ax, slots - 2.45, 1.55, 4.9, 0.45, f"projector: 2x2 patches merged -> MLP -> {tokens} "
-        "vectors of the LM's width", OP, size=8.5)
+        "patch states, 1 embedding", DATA, size=8)
+    box(ax, slots - 2.45, 1.55, 4.9, 0.45, f"projector: 2x2 blocks -> MLP, embedding -> MLP: "
+        f"{tokens} vectors of the LM's width", OP, size=8)
     label(ax, slots + 2.45, 2.52, "frozen", size=8, va="center", color="#2a5599")
     label(ax, slots + 2.6, 1.77, "trained", size=8, va="center", color="#a05a00")
     arrow(ax, (slots, 3.03), (slots, 2.79))

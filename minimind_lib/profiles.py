@@ -133,11 +133,10 @@ def _smoke() -> Profile:
         # `vision --init data/reference/sft` put the shipped chat model under it. 16-pixel
         # patches (one per cell of the board: 16 picture tokens with merge 1, the encoder 4x
         # cheaper than at 8) and 500 VLM steps: on ideal features the VLM needs ~500 steps to
-        # learn both count and side (scripts/vision_oracle.py). Measured (50 held-out pictures,
-        # docs/benchmarks.md): zero-shot 54-76% (chance 5%); VQA 67.6-83.6% over six runs,
-        # above twice chance (71.4%) in three: where it misses, side is not learnt yet
-        # (49-54%); 700 VLM steps did not change that. 250 VLM steps on 8-pixel patches
-        # (before): 50.5-57.0%
+        # learn both count and side (scripts/vision_oracle.py), and with the picture token 250
+        # steps scored 67-70%. Measured (50 held-out pictures, seeds 42, 0, 1, 2,
+        # docs/benchmarks.md): zero-shot 74-88% (chance 5%), VQA 77.6-82.6% (twice chance:
+        # 71.4%), ~4.5 min of one thread. 250 VLM steps on 8-pixel patches (before): 50.5-57.0%
         vision=VisionSettings(train_images=2000, eval_images=50,
                               clip=CLIPConfig(patch_size=16), clip_steps=400,
                               clip_batch_size=128, merge=1, vlm_steps=500, vlm_learning_rate=1e-3,

@@ -12,6 +12,10 @@ export PYTHONHASHSEED := 0
 # cores with another busy process slows down 5-20x per extra thread (threads spin-wait at
 # each barrier). Override with `make test TEST_THREADS=2`.
 TEST_THREADS ?= 1
+# ... and one pytest worker (pytest-xdist) per core, at most 4, so every core works: unit
+# tests spread one by one, notebooks one whole notebook per worker (--dist loadfile: a
+# notebook's cells run in order in one kernel). `make test TEST_JOBS=1` runs them in one process.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: reference setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp
 
@@ -51,10 +55,11 @@ lint: setup
 	$(VENV)/bin/ruff check minimind_lib tests scripts benchmarks
 
 unit: setup
-	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest tests -q
+	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest tests -q -n $(TEST_JOBS)
 
 notebooks: setup
-	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest -q --nbval-lax --nbval-current-env notebooks/
+	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest -q --nbval-lax --nbval-current-env \
+		-n $(TEST_JOBS) --dist loadfile notebooks/
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

@@ -9,7 +9,8 @@ the answer is supervised, as in SFT. Here:
 
 * the encoder is the tiny CLIP's ``ImageEncoder`` (``minimind_lib.vision``), frozen;
 * ``Projector`` merges each 2 x 2 block of patch features into one vector (MiniMind-V's
-  projector merges 4 neighbouring tokens too) and maps it through Linear -> GELU -> Linear;
+  projector merges 4 neighbouring tokens too) and maps it through Linear -> GELU -> Linear,
+  then appends one *picture token* made from the CLIP embedding of the whole picture;
 * the LM is a course chat model (``data/reference/sft``, or the student's own ``sft`` stage);
 * ``encode_image_chat`` writes the prompt with ``image_tokens`` slots holding
   ``IMAGE_TOKEN_ID``, and ``splice`` replaces the slots' embeddings by the projected image.

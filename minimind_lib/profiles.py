@@ -134,8 +134,8 @@ def _smoke() -> Profile:
         # patches (one per cell of the board: 16 picture tokens with merge 1, the encoder 4x
         # cheaper than at 8) and 500 VLM steps: on ideal features the VLM needs ~500 steps to
         # learn both count and side (scripts/vision_oracle.py), and with the picture token 250
-        # steps scored 67-70%. Measured (50 held-out pictures, seeds 42, 0, 1, 2,
-        # docs/benchmarks.md): zero-shot 74-88% (chance 5%), VQA 77.6-82.6% (twice chance:
+        # steps scored 67-70%. Measured (50 held-out pictures, seeds 42 and 0-4,
+        # docs/benchmarks.md): zero-shot 72-88% (chance 5%), VQA 76.0-82.6% (twice chance:
         # 71.4%), ~4.5 min of one thread. 250 VLM steps on 8-pixel patches (before): 50.5-57.0%
         vision=VisionSettings(train_images=2000, eval_images=50,
                               clip=CLIPConfig(patch_size=16), clip_steps=400,

@@ -143,8 +143,8 @@ class VisionSettings:
 
     @property
     def image_tokens(self) -> int:
-        """LM tokens per picture: the patch grid after merging, and the picture token."""
-        return (self.clip.grid // self.merge) ** 2 + 1
+        """LM tokens per picture (``Projector.tokens_for``)."""
+        return Projector.tokens_for(self.clip.grid, self.merge)
 
     def clip_training(self) -> TrainSettings:
         return TrainSettings(batch_size=self.clip_batch_size, seq_len=32,
@@ -260,14 +260,24 @@ class Projector(nn.Module):
         self.picture = nn.Sequential(nn.Linear(embed_dim, hidden_size), nn.GELU(),
                                      nn.Linear(hidden_size, hidden_size))
 
-    @property
-    def patch_tokens(self) -> int:
-        return (self.grid // self.merge) ** 2
+    @classmethod
+    def for_encoder(cls, config: CLIPConfig, hidden_size: int, merge: int) -> Projector:
+        """A new projector from an image encoder of ``config`` to an LM of ``hidden_size``."""
+        return cls(config.vision_width, hidden_size, config.grid, merge,
+                   embed_dim=config.embed_dim)
+
+    @staticmethod
+    def tokens_for(grid: int, merge: int) -> int:
+        """LM tokens per picture: the ``(grid / merge)^2`` merged patches and the picture token."""
+        return (grid // merge) ** 2 + 1
 
     @property
     def num_tokens(self) -> int:
-        """LM tokens per picture: the merged patches and the picture token."""
-        return self.patch_tokens + 1
+        return self.tokens_for(self.grid, self.merge)
+
+    @property
+    def patch_tokens(self) -> int:
+        return self.num_tokens - 1
 
     def merge_patches(self, features: Tensor) -> Tensor:
         """(B, g*g, D) -> (B, (g/m)^2, m*m*D): each block's patches side by side."""
@@ -398,9 +408,7 @@ class VisionLanguageModel(nn.Module):
 
 def build_vlm(lm: MiniMindForCausalLM, clip: CLIP, merge: int = 2) -> VisionLanguageModel:
     """The VLM of a chat LM and a (trained) CLIP's image encoder, with a new projector."""
-    config = clip.config
-    projector = Projector(config.vision_width, lm.config.hidden_size, config.grid, merge,
-                          embed_dim=config.embed_dim)
+    projector = Projector.for_encoder(clip.config, lm.config.hidden_size, merge)
     return VisionLanguageModel(lm, clip.image_encoder, projector)
 
 
@@ -708,8 +716,7 @@ def load_vlm(directory: str | Path, device: str | torch.device = "cpu") -> Visio
         raise ValueError(f"{path}: {type(e).__name__}: {e}") from None
     lm = load_model(directory)
     encoder = ImageEncoder(clip_config)
-    projector = Projector(clip_config.vision_width, lm.config.hidden_size, clip_config.grid, merge,
-                          embed_dim=clip_config.embed_dim)
+    projector = Projector.for_encoder(clip_config, lm.config.hidden_size, merge)
     load_weights(nn.ModuleDict({"encoder": encoder, "projector": projector}),
                  directory / VISION_FILE)
     return VisionLanguageModel(lm, encoder, projector).to(device).eval()

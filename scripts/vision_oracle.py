@@ -69,9 +69,8 @@ def vlm_on(features: str, clip_dir: str, merge: int) -> VisionLanguageModel:
     encoder = (clip.image_encoder if features == "CLIP"
                else InkEncoder(config.vision_width, config.patch_size, config.embed_dim))
     lm = load_model("data/reference/sft")
-    return VisionLanguageModel(lm, encoder, Projector(config.vision_width, lm.config.hidden_size,
-                                                      config.grid, merge,
-                                                      embed_dim=config.embed_dim))
+    return VisionLanguageModel(lm, encoder,
+                               Projector.for_encoder(config, lm.config.hidden_size, merge))
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """GPU check, one prepared script (about 5 minutes on one GPU): what the GPU path promises.
 
-1. **Speed and memory** of MiniMind2-Small with ``minimind_lib.train.train``, per row: the gpu
+1. **Speed and memory** of MiniMind2-Small with ``minimind_lib.training.loop.train``, per row: the gpu
    profile's micro-batch (16 x 512) in fp32, bf16, fp16 + GradScaler, bf16 + torch.compile,
    bf16 + activation checkpointing; the full profile's (32 x 512) in bf16 and bf16 + compile.
    Tokens/s (median of the timed steps), MFU against the datasheet's dense peak (``--gpu-tflops``
-   overrides) and against a matmul measured here, peak memory next to ``minimind_lib.memory``'s
+   overrides) and against a matmul measured here, peak memory next to ``minimind_lib.training.memory``'s
    prediction. Random tokens (speed does not depend on their values).
 2. **The seed blog's AMP claims**, measured: bf16 / fp16 speed-up over fp32, and memory saved.
 3. **200 real steps** of the gpu profile on the bundled pretraining text: loss at the start and
@@ -33,19 +33,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_bench import matmul_peak_flops, token_file  # noqa: E402
 
-from minimind_lib.data import (  # noqa: E402
-    PretrainDataset,
-    dataset_files,
-    load_pretrain_split,
-    tokenize_corpus,  # noqa: E402
-)
-from minimind_lib.device import pick_precision  # noqa: E402
-from minimind_lib.memory import training_breakdown  # noqa: E402
+from minimind_lib.core.device import pick_precision  # noqa: E402
+from minimind_lib.course.plan import GPU_TFLOPS  # noqa: E402
+from minimind_lib.course.profiles import get_profile  # noqa: E402
+from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split, tokenize_corpus
+from minimind_lib.data.readers import dataset_files
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
-from minimind_lib.plan import GPU_TFLOPS  # noqa: E402
-from minimind_lib.profiles import get_profile  # noqa: E402
-from minimind_lib.tokenizer import COURSE_TOKENIZER  # noqa: E402
-from minimind_lib.train import TrainConfig, flops_per_token, train  # noqa: E402
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER  # noqa: E402
+from minimind_lib.training import TrainConfig, train  # noqa: E402
+from minimind_lib.training.loop import flops_per_token
+from minimind_lib.training.memory import training_breakdown  # noqa: E402
 
 # dense peak TFLOP/s (no sparsity): fp32 on CUDA cores, bf16/fp16 tensor cores with fp32
 # accumulation, from NVIDIA's datasheets; names are matched as substrings of the device name

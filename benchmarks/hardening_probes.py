@@ -79,8 +79,8 @@ def shape(r) -> str:
 def make_model_dir(root: Path) -> Path:
     import torch
 
-    from minimind_lib.checkpoint import save_model
     from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    from minimind_lib.model.checkpoint import save_model
     from minimind_lib.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
@@ -99,7 +99,7 @@ class Server:
     def __init__(self, tree: Path, model_dir: Path) -> None:
         import httpx
 
-        from minimind_lib.serve import free_port
+        from minimind_lib.inference.serve.launch import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -246,9 +246,9 @@ def probe_bodies(tree: Path, model_dir: Path) -> dict:
 def probe_files(work: Path) -> dict:
     import torch
 
-    from minimind_lib.checkpoint import load_model, save_model
     from minimind_lib.data import read_jsonl
     from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    from minimind_lib.model.checkpoint import load_model, save_model
     from minimind_lib.tokenizer import load_tokenizer
 
     rows = {}
@@ -302,7 +302,7 @@ def torn_resume(work: Path, config) -> str:
     import torch
 
     from minimind_lib.model import MiniMindForCausalLM
-    from minimind_lib.train import TrainConfig, train
+    from minimind_lib.training import TrainConfig, train
 
     data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (16, 17))]
 
@@ -350,7 +350,7 @@ def probe_cli(tree: Path, model_dir: Path, work: Path) -> dict:
 
 SAVER = """
 import sys, torch
-from minimind_lib.checkpoint import save_checkpoint
+from minimind_lib.model.checkpoint import save_checkpoint
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 model = MiniMindForCausalLM(MiniMindConfig(vocab_size=6400, hidden_size=128, num_hidden_layers=4,
                                            num_attention_heads=4, num_key_value_heads=2))
@@ -364,8 +364,8 @@ while True:
 def probe_kill9(tree: Path, work: Path, trials: int = 25) -> dict:
     import torch
 
-    from minimind_lib.checkpoint import latest_checkpoint, load_checkpoint
     from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    from minimind_lib.model.checkpoint import latest_checkpoint, load_checkpoint
 
     model = MiniMindForCausalLM(MiniMindConfig(vocab_size=6400, hidden_size=128,
                                                num_hidden_layers=4, num_attention_heads=4,

@@ -2,7 +2,7 @@
 
 Both arms start from the same model (``--init``, default the shipped ``data/reference/sft``),
 train on the same conversations (the lora stage's: ``stages.lora_training_records``: the new
-task of ``minimind_lib.domain``, plus ``--replay`` of SFT conversations) in the same order
+task of ``minimind_lib.data.hanzi_codes``, plus ``--replay`` of SFT conversations) in the same order
 with the profile's ``lora`` settings (batch, steps, schedule, seed); only what trains differs:
 
 * ``full``: every weight, at ``--full-lr`` (default: the profile's SFT learning rate);
@@ -36,16 +36,22 @@ from pathlib import Path
 import torch
 
 from minimind_lib import REPO_ROOT
-from minimind_lib.checkpoint import load_model
-from minimind_lib.data import SFTDataset
-from minimind_lib.device import pick_device, seed_everything
-from minimind_lib.domain import FAMILY, task_records
-from minimind_lib.evaluate import evaluate_sft, load_eval_records, select_per_task, summarize
-from minimind_lib.lora import add_lora, count_parameters, finetune, optimizer_state_bytes
-from minimind_lib.profiles import get_profile
-from minimind_lib.stages import lora_training_records
+from minimind_lib.core.device import pick_device, seed_everything
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.course.stages import lora_training_records
+from minimind_lib.data.conversations import SFTDataset
+from minimind_lib.data.hanzi_codes import FAMILY, task_records
+from minimind_lib.evaluation.questions import (
+    evaluate_sft,
+    load_eval_records,
+    select_per_task,
+    summarize,
+)
+from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import load_tokenizer
-from minimind_lib.train import TrainConfig, make_optimizer, train
+from minimind_lib.training import TrainConfig, train
+from minimind_lib.training.loop import make_optimizer
+from minimind_lib.training.lora import add_lora, count_parameters, finetune, optimizer_state_bytes
 
 REFERENCE = REPO_ROOT / "data" / "reference" / "sft"
 

@@ -1,4 +1,4 @@
-"""Training memory of MiniMind2-Small on a GPU, from the memory model (``minimind_lib.memory``).
+"""Training memory of MiniMind2-Small on a GPU, from the memory model (``minimind_lib.training.memory``).
 
 The activation term is the one ``tests/test_memory.py`` checks byte for byte against what
 autograd keeps on the CPU (saved-tensor hooks); weights, gradients, AdamW state and autocast
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from minimind_lib.memory import CUDA_OVERHEAD_BYTES, training_breakdown
 from minimind_lib.model import MiniMindConfig
+from minimind_lib.training.memory import CUDA_OVERHEAD_BYTES, training_breakdown
 
 BATCHES = (4, 8, 16, 32, 64)
 CARDS_GB = (8, 12, 24)

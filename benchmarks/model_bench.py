@@ -28,9 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from minimind_lib.hf import to_hf  # noqa: E402
+from minimind_lib.course.profiles import get_profile  # noqa: E402
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
-from minimind_lib.profiles import get_profile  # noqa: E402
+from minimind_lib.model.hf import to_hf  # noqa: E402
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 clock = CLOCKS["cpu"]

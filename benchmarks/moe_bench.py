@@ -5,7 +5,7 @@ the bundled pretraining text with the profile's pretraining settings (same seed,
 batches, ``--steps`` optimizer steps each):
 
 * ``dense``: one SwiGLU of width ``I·(k + s)``: as many FFN weights as one MoE token uses
-  (``minimind_lib.model.dense_twin``), so the same compute per token;
+  (``minimind_lib.model.moe.dense_twin``), so the same compute per token;
 * ``moe``: MiniMind's MoE, ``E = 4`` routed experts of width ``I``, top-``k = 2``, ``s = 1``
   shared expert, load-balancing loss alpha 0.01 per sequence (MiniMind's defaults);
 * ``dense_total``: one SwiGLU of width ``I·(E + s)``: as many weights as the MoE *holds*.
@@ -39,12 +39,15 @@ from pathlib import Path
 
 import torch
 
-from minimind_lib.data import dataset_files, load_pretrain_split, tokenize_corpus
-from minimind_lib.device import FP32, pick_device, seed_everything
-from minimind_lib.model import MiniMindForCausalLM, dense_twin, expert_load
-from minimind_lib.profiles import get_profile
-from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR
-from minimind_lib.train import TrainConfig, evaluate_loss, train
+from minimind_lib.core.device import FP32, pick_device, seed_everything
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.data.pretraining import load_pretrain_split, tokenize_corpus
+from minimind_lib.data.readers import dataset_files
+from minimind_lib.model import MiniMindForCausalLM
+from minimind_lib.model.moe import dense_twin, expert_load
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR
+from minimind_lib.training import TrainConfig, train
+from minimind_lib.training.loop import evaluate_loss
 
 
 def model_configs(base):

@@ -1,4 +1,4 @@
-"""Size and speed of each format of minimind_lib.quantize, side by side in one process.
+"""Size and speed of each format of minimind_lib.model.quantize, side by side in one process.
 
 For the cpu-profile model and MiniMind2-Small (random weights: bytes and speed depend on the
 shapes, not the values), in fp32, fp16, bf16, int8 (ours, weight-only) and int8 (PyTorch's
@@ -20,10 +20,10 @@ import argparse
 
 import torch
 
-from minimind_lib.formats import build_formats, measure_speed
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.evaluation.precision import build_formats, measure_speed
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.profiles import get_profile
-from minimind_lib.quantize import model_size_bytes
+from minimind_lib.model.quantize import model_size_bytes
 
 
 def bench(name: str, config: MiniMindConfig, prompt: int, new: int, repeats: int) -> None:

@@ -24,13 +24,8 @@ from collections.abc import Callable
 from tokenizers import Tokenizer
 
 from minimind_lib.data import read_jsonl
-from minimind_lib.tokenizer import (
-    COURSE_CORPUS,
-    COURSE_VOCAB_SIZE,
-    BPETokenizer,
-    train_bpe,
-    train_bpe_fast,
-)
+from minimind_lib.tokenizer import BPETokenizer, train_bpe, train_bpe_fast
+from minimind_lib.tokenizer.bpe import COURSE_CORPUS, COURSE_VOCAB_SIZE
 
 
 def alternate(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:

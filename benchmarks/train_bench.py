@@ -2,7 +2,7 @@
 
 Runs side by side in one process, on a random uint16 token stream (token values do not change
 speed): for each model size (the smoke and cpu profiles' configs) and precision (fp32, bf16
-autocast), ``minimind_lib.train.train`` for a few steps, and the same DataLoader (same
+autocast), ``minimind_lib.training.loop.train`` for a few steps, and the same DataLoader (same
 sampler, batch and window) iterated alone. Prints tokens/s, the loader/loop ratio (the issue
 asks >= 10x: the loader must never be the bottleneck) and MFU.
 
@@ -30,11 +30,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from minimind_lib.data import PretrainDataset
-from minimind_lib.device import pick_device, pick_precision
+from minimind_lib.core.device import pick_device, pick_precision
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.data.pretraining import PretrainDataset
 from minimind_lib.model import MiniMindForCausalLM
-from minimind_lib.profiles import get_profile
-from minimind_lib.train import StepBatchSampler, TrainConfig, flops_per_token, train
+from minimind_lib.training import TrainConfig, train
+from minimind_lib.training.loop import StepBatchSampler, flops_per_token
 
 
 def token_file(directory: Path, n_tokens: int, vocab: int) -> Path:

@@ -6,7 +6,7 @@ Each module holds one concept built in a notebook: ``tokenizer`` (01), ``model``
 course end to end. ``minimind_lib/README.md`` draws the layers and says where new code goes.
 Import the module you need::
 
-    from minimind_lib.profiles import get_profile
+    from minimind_lib.course.profiles import get_profile
     profile = get_profile("smoke")
 """
 

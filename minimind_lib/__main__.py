@@ -1,6 +1,6 @@
 """Command line: ``python -m minimind_lib <command> [options]``.
 
-Every stage registered in ``minimind_lib.stages`` is a subcommand taking the same options::
+Every stage registered in ``minimind_lib.course.stages`` is a subcommand taking the same options::
 
     python -m minimind_lib pretrain --profile cpu [--out DIR] [--resume]
         [--set pretrain.max_steps=3 ...] [--config FILE.toml]
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from minimind_lib import pipeline
-from minimind_lib.device import PRECISIONS
-from minimind_lib.profiles import (
+from minimind_lib.core.device import PRECISIONS
+from minimind_lib.course import pipeline
+from minimind_lib.course.profiles import (
     PROFILE_NAMES,
     Profile,
     get_profile,
@@ -38,7 +38,7 @@ from minimind_lib.profiles import (
     override,
     parse_set,
 )
-from minimind_lib.stages import STAGES, read_marker
+from minimind_lib.course.stages import STAGES, read_marker
 
 DEBUG_ENV = "MINIMIND_DEBUG"  # set to 1: errors show their traceback (as --debug does)
 
@@ -129,7 +129,7 @@ def run_stage(name: str, args: argparse.Namespace) -> int:
     return 0
 
 
-# --- talking to the model: chat and serve (minimind_lib.serve, notebook 08) -------------
+# --- talking to the model: chat and serve (minimind_lib.inference.serve, notebook 08) -------------
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,7 +152,7 @@ def model_card(model_dir: str | Path) -> dict:
 
 
 def load_chosen_model(args: argparse.Namespace):
-    from minimind_lib.inference import load_for_serving
+    from minimind_lib.inference.loading import load_for_serving
 
     model_dir = chosen_model_dir(args)
     model, tokenizer = load_for_serving(model_dir, args.device)
@@ -170,7 +170,7 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from minimind_lib.inference import ChatSession, SamplingError, SamplingParams, chat_loop
+    from minimind_lib.inference.chat import ChatSession, SamplingError, SamplingParams, chat_loop
 
     try:
         params = SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
@@ -208,26 +208,27 @@ def check_can_listen(host: str, port: int) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from minimind_lib import serve
+    from minimind_lib.inference.serve.app import create_app
+    from minimind_lib.inference.serve.launch import API_KEY_ENV, DEFAULT_PORT
 
-    port = args.port or serve.DEFAULT_PORT
-    api_key = args.api_key or os.environ.get(serve.API_KEY_ENV) or None
+    port = args.port or DEFAULT_PORT
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_can_listen(args.host, port)
     model, tokenizer = load_chosen_model(args)
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"warning: binding {args.host}: the server is reachable from other machines and "
-              f"has no API key (set --api-key or {serve.API_KEY_ENV})", file=sys.stderr)
+              f"has no API key (set --api-key or {API_KEY_ENV})", file=sys.stderr)
     print(f"serving on http://{args.host}:{port} (the chat page at /; POST /generate, "
           "POST /v1/chat/completions, GET /v1/models)"
           + (", API key required" if api_key else ""), file=sys.stderr)
-    app = serve.create_app(model, tokenizer, model_name=args.name, api_key=api_key,
-                           model_card=model_card(chosen_model_dir(args)))
+    app = create_app(model, tokenizer, model_name=args.name, api_key=api_key,
+                     model_card=model_card(chosen_model_dir(args)))
     uvicorn.run(app, host=args.host, port=port, log_level="warning")
     return 0
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    from minimind_lib.export import FORMATS, GGUF_DTYPES
+    from minimind_lib.inference.export import FORMATS, GGUF_DTYPES
 
     parser.add_argument("--format", choices=FORMATS, required=True,
                         help="gguf: one file for llama.cpp / Ollama; hf: a transformers folder")
@@ -242,7 +243,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from minimind_lib.export import export
+    from minimind_lib.inference.export import export
 
     path = export(args.model, args.out, args.format, dtype=args.dtype, name=args.name)
     size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size
@@ -252,7 +253,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_all(args: argparse.Namespace) -> int:
     """Every stage in order (finished, up-to-date ones are reused), then the report."""
-    from minimind_lib.report import write_report
+    from minimind_lib.course.report import write_report
 
     profile = chosen_profile(args)
     check_data([s.name for s in pipeline.stages_in_all()], profile)
@@ -287,7 +288,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     import json
 
-    from minimind_lib.plan import format_plan, plan
+    from minimind_lib.course.plan import format_plan, plan
 
     profile = chosen_profile(args)
     check_data(["pretrain", "sft", "dpo"], profile)
@@ -308,14 +309,14 @@ def add_download_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_download(args: argparse.Namespace) -> int:
-    from minimind_lib.download import download
+    from minimind_lib.core.download import download
 
     folder = download(args.what, args.to, source=args.source, repo_id=args.repo)
     if args.what == "data":
         print(f"done: use it with MINIMIND_DATA_DIR={folder} (the full profile looks in "
               "data/minimind/ by default)")
     else:
-        print(f"done: load it with minimind_lib.hf.load_pretrained({str(folder)!r})")
+        print(f"done: load it with minimind_lib.model.hf.load_pretrained({str(folder)!r})")
     return 0
 
 
@@ -329,7 +330,7 @@ def run_runs(args: argparse.Namespace) -> int:
     import shutil
     from pathlib import Path
 
-    from minimind_lib.download import human
+    from minimind_lib.core.download import human
 
     root = Path(args.out) if args.out else chosen_profile(args).runs_dir
     rows = pipeline.list_runs(root)

@@ -19,15 +19,15 @@ import argparse
 import itertools
 import time
 
-from minimind_lib import pipeline
-from minimind_lib.checkpoint import load_model
-from minimind_lib.data import dataset_files
-from minimind_lib.device import pick_device, pick_precision
-from minimind_lib.dpo import DPODataset, DPOLoss, held_out_pairs, pair_logprobs
-from minimind_lib.evaluate import score_preferences, summarize_preferences
-from minimind_lib.profiles import get_profile
+from minimind_lib.core.device import pick_device, pick_precision
+from minimind_lib.course import pipeline
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.data.readers import dataset_files
+from minimind_lib.evaluation.preferences import score_preferences, summarize_preferences
+from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import BPETokenizer
-from minimind_lib.train import TrainConfig, train
+from minimind_lib.training import TrainConfig, train
+from minimind_lib.training.dpo import DPODataset, DPOLoss, held_out_pairs, pair_logprobs
 
 
 def main() -> None:

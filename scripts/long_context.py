@@ -6,7 +6,7 @@ pretraining ``seq_len``) with the profile's pretraining settings for ``--steps``
 seed, same batches).  Then scores the held-out split of the bundled pretraining text (its
 documents concatenated, as tokenised, each followed by ``<|endoftext|>``) in non-overlapping
 windows of ``train_len × 1, 2, 4, 8`` tokens (capped by the held-out tokens), all lengths on
-the same text (``minimind_lib.long_context.perplexity_by_length``):
+the same text (``minimind_lib.evaluation.long_context.perplexity_by_length``):
 
 * RoPE as trained, and RoPE + PI / NTK / YaRN (``factor = length / train_len``; YaRN with
   MiniMind's beta_fast 32, beta_slow 1, attention_factor 1.0), and also YaRN with the paper's
@@ -34,13 +34,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minimind_lib.data import dataset_files, load_pretrain_split, tokenize_corpus
-from minimind_lib.device import pick_device, seed_everything
-from minimind_lib.long_context import extend, loss_by_position, perplexity_by_length, rope_variants
+from minimind_lib.core.device import pick_device, seed_everything
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.data.pretraining import load_pretrain_split, tokenize_corpus
+from minimind_lib.data.readers import dataset_files
+from minimind_lib.evaluation.long_context import (
+    extend,
+    loss_by_position,
+    perplexity_by_length,
+    rope_variants,
+)
 from minimind_lib.model import MiniMindForCausalLM
-from minimind_lib.profiles import get_profile
-from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR
-from minimind_lib.train import TrainConfig, train
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR
+from minimind_lib.training import TrainConfig, train
 
 ENCODINGS = ("rope", "alibi", "none")
 

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import torch
 
-from minimind_lib.checkpoint import load_model, save_model
-from minimind_lib.evaluate import evaluate_model, question_table, summarize
-from minimind_lib.files import EVAL_FILE, METRICS_FILE, TOKENIZER_FILE, atomic_write_text
-from minimind_lib.profiles import get_profile
-from minimind_lib.stages import read_marker
+from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE, TOKENIZER_FILE
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.course.stages import read_marker
+from minimind_lib.evaluation.model_eval import evaluate_model
+from minimind_lib.evaluation.questions import question_table, summarize
+from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.tokenizer import BPETokenizer
 
 LIMIT_BYTES = 12 * 2**20
@@ -82,7 +84,7 @@ def write_readme(args: argparse.Namespace, marker: dict, scores, pooled: dict, s
         f"steps), stored in bf16 ({size / 2**20:.1f} MiB with its tokenizer). Rebuild it with "
         "`make reference`.",
         "",
-        "Load it like any stage folder: `minimind_lib.checkpoint.load_model(\"data/reference/sft\")`;",
+        "Load it like any stage folder: `minimind_lib.model.checkpoint.load_model(\"data/reference/sft\")`;",
         "start a later stage from it with `--init data/reference/sft`.",
         "",
         f"Held-out questions ({json.loads((args.out / EVAL_FILE).read_text())['per_task']} per "

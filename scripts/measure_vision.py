@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from minimind_lib.__main__ import main
-from minimind_lib.files import EVAL_FILE, atomic_write_text
+from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.filenames import EVAL_FILE
 
 #: what the record keeps of eval.json (the per-kind details stay in the run folder)
 KEPT = ("zero_shot_accuracy", "zero_shot_chance", "vqa_exact_match", "vqa_chance", "vqa_by_kind",

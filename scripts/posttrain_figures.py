@@ -24,9 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from minimind_lib import REPO_ROOT  # noqa: E402
-from minimind_lib.evaluate import read_eval, summarize  # noqa: E402
-from minimind_lib.plotting import read_metrics  # noqa: E402
-from minimind_lib.stages import read_marker  # noqa: E402
+from minimind_lib.course.plotting import read_metrics  # noqa: E402
+from minimind_lib.course.stages import read_marker  # noqa: E402
+from minimind_lib.evaluation.model_eval import read_eval  # noqa: E402
+from minimind_lib.evaluation.questions import summarize
 
 
 def stage_record(folder: Path, after: str) -> dict:

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import argparse
 
-from minimind_lib import pipeline
-from minimind_lib.checkpoint import load_model
-from minimind_lib.evaluate import eval_report, evaluate_model, question_table, read_eval
-from minimind_lib.files import TOKENIZER_FILE
-from minimind_lib.plotting import read_metrics
-from minimind_lib.profiles import PROFILE_NAMES, get_profile
-from minimind_lib.sft import train_sft
+from minimind_lib.core.filenames import TOKENIZER_FILE
+from minimind_lib.course import pipeline
+from minimind_lib.course.plotting import read_metrics
+from minimind_lib.course.profiles import PROFILE_NAMES, get_profile
+from minimind_lib.evaluation.model_eval import eval_report, evaluate_model, read_eval
+from minimind_lib.evaluation.questions import question_table
+from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import BPETokenizer
+from minimind_lib.training.sft import train_sft
 
 
 def main() -> None:

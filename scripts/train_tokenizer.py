@@ -3,7 +3,7 @@
 
     python scripts/train_tokenizer.py            # data/pretrain_sample.jsonl -> data/tokenizer/
 
-``minimind_lib.tokenizer.train_bpe`` (pure Python) learns 6,400 tokens from the bundled
+``minimind_lib.tokenizer.training.train_bpe`` (pure Python) learns 6,400 tokens from the bundled
 pretraining sample; HF ``tokenizers.BpeTrainer`` is then trained on the same texts and
 the two tokenizer.json files must be identical (use ``--no-check`` to skip that).
 The folder gets tokenizer.json, tokenizer_config.json (ChatML chat template) and
@@ -17,13 +17,8 @@ import time
 from pathlib import Path
 
 from minimind_lib.data import read_jsonl
-from minimind_lib.tokenizer import (
-    COURSE_CORPUS,
-    COURSE_TOKENIZER,
-    COURSE_VOCAB_SIZE,
-    train_bpe,
-    train_bpe_fast,
-)
+from minimind_lib.tokenizer import train_bpe, train_bpe_fast
+from minimind_lib.tokenizer.bpe import COURSE_CORPUS, COURSE_TOKENIZER, COURSE_VOCAB_SIZE
 
 
 def main() -> None:

@@ -21,12 +21,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from minimind_lib.checkpoint import load_model
-from minimind_lib.profiles import get_profile
-from minimind_lib.scenes import BACKGROUND
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import load_tokenizer
-from minimind_lib.vision import load_clip, patchify, to_pixels
-from minimind_lib.vlm import Projector, VisionLanguageModel, evaluate_vqa, train_vlm
+from minimind_lib.vision.clip import load_clip, patchify, to_pixels
+from minimind_lib.vision.recipe import evaluate_vqa, train_vlm
+from minimind_lib.vision.scenes import BACKGROUND
+from minimind_lib.vision.vlm import Projector, VisionLanguageModel
 
 KINDS = ("count", "side")
 

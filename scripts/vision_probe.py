@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minimind_lib.scenes import make_scene, render
-from minimind_lib.vision import load_clip, to_pixels
+from minimind_lib.vision.clip import load_clip, to_pixels
+from minimind_lib.vision.scenes import make_scene, render
 
 ATTRIBUTES = ("shape", "count", "side", "colour")
 POOLS = {"mean": lambda f: f.mean(dim=1), "all patches": lambda f: f.flatten(1)}

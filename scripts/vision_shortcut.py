@@ -28,12 +28,13 @@ from dataclasses import replace
 
 import torch
 
-from minimind_lib.checkpoint import load_model
-from minimind_lib.profiles import get_profile
-from minimind_lib.scenes import QUESTION_KINDS
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import load_tokenizer
-from minimind_lib.vision import load_clip
-from minimind_lib.vlm import build_vlm, evaluate_vqa, train_vlm
+from minimind_lib.vision.clip import load_clip
+from minimind_lib.vision.recipe import evaluate_vqa, train_vlm
+from minimind_lib.vision.scenes import QUESTION_KINDS
+from minimind_lib.vision.vlm import build_vlm
 
 ARMS = ("plain", "recoloured", "both")
 

@@ -1,4 +1,4 @@
-"""Bits per byte (minimind_lib.evaluate.bits_per_byte): its definition computed by hand, a
+"""Bits per byte (minimind_lib.evaluation.perplexity.bits_per_byte): its definition computed by hand, a
 closed form for a uniform model, batching and budgets, and the same number through
 transformers (a Hugging Face model with its own tokenizer)."""
 
@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minimind_lib.evaluate import bits_per_byte, perplexity
-from minimind_lib.hf import ByteLevelTokenizer, save_pretrained
+from minimind_lib.evaluation.perplexity import bits_per_byte, perplexity
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.tokenizer import COURSE_TOKENIZER_DIR, load_tokenizer
+from minimind_lib.model.hf import ByteLevelTokenizer, save_pretrained
+from minimind_lib.tokenizer import load_tokenizer
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR
 
 TOK = load_tokenizer()
 TEXTS = ["The cat sat on the mat.", "床前明月光，疑是地上霜。举头望明月。", "x",

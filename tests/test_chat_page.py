@@ -1,4 +1,4 @@
-"""The chat page (GET / of minimind_lib.serve, minimind_lib/static/chat.html).
+"""The chat page (GET / of minimind_lib.inference.serve, minimind_lib/static/chat.html).
 
 Always: the page is served, self-contained (nothing fetched from elsewhere) and holds the
 elements the tests drive; /v1/models carries the model card it shows. In a real headless
@@ -16,9 +16,10 @@ import httpx
 import pytest
 from tiny import noisy
 
-from minimind_lib.inference import SamplingParams, complete, stop_ids
+from minimind_lib.inference.chat import SamplingParams, complete, stop_ids
+from minimind_lib.inference.serve.app import create_app
+from minimind_lib.inference.serve.launch import BackgroundServer
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.serve import BackgroundServer, create_app
 from minimind_lib.tokenizer import encode_chat, load_tokenizer
 
 TOK = load_tokenizer()

@@ -5,17 +5,16 @@ import json
 import pytest
 import torch
 
-from minimind_lib import checkpoint
-from minimind_lib.checkpoint import (
+from minimind_lib.core.atomic import atomic_path
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, checkpoint
+from minimind_lib.model.checkpoint import (
     CheckpointMismatchError,
-    atomic_path,
     latest_checkpoint,
     load_checkpoint,
     load_model,
     save_checkpoint,
     save_model,
 )
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 
 CONFIG = MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=64)

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from minimind_lib.data import DataFormatError, dataset_files, read_jsonl
+from minimind_lib.data import DataFormatError, read_jsonl
+from minimind_lib.data.readers import dataset_files
 
 USER = {"role": "user", "content": "1 + 1 等于多少？"}
 ASSISTANT = {"role": "assistant", "content": "1 + 1 = 2"}

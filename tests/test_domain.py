@@ -1,4 +1,4 @@
-"""The LoRA fine-tune's task family (minimind_lib.domain): right answers, a held-out split that
+"""The LoRA fine-tune's task family (minimind_lib.data.hanzi_codes): right answers, a held-out split that
 holds, new to the bundled SFT data, and short enough for the lora stage's sequences."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from minimind_lib.data import dataset_files, read_jsonl
-from minimind_lib.domain import (
+from minimind_lib.course.profiles import PROFILE_NAMES, get_profile
+from minimind_lib.data import read_jsonl
+from minimind_lib.data.hanzi_codes import (
     NUMERALS,
     TASKS,
     TEMPLATES,
@@ -18,8 +19,8 @@ from minimind_lib.domain import (
     to_digits,
     to_hanzi,
 )
-from minimind_lib.evaluate import load_eval_records, reference
-from minimind_lib.profiles import PROFILE_NAMES, get_profile
+from minimind_lib.data.readers import dataset_files
+from minimind_lib.evaluation.questions import load_eval_records, reference
 from minimind_lib.tokenizer import encode_chat, load_tokenizer
 
 

@@ -10,32 +10,31 @@ import pytest
 import torch
 from tiny import tiny_model
 
-import minimind_lib.dpo as dpo_module
-from minimind_lib.checkpoint import save_model
+import minimind_lib.training.dpo as dpo_module
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.course.stages import STAGES, StageContext
 from minimind_lib.data import sft_example
-from minimind_lib.dpo import (
+from minimind_lib.evaluation.preferences import summarize_preferences
+from minimind_lib.evaluation.questions import Answer
+from minimind_lib.model import IGNORE_INDEX, MiniMindForCausalLM
+from minimind_lib.model.checkpoint import save_model
+from minimind_lib.tokenizer import IM_END, encode_chat, load_tokenizer
+from minimind_lib.training import TrainConfig, train
+from minimind_lib.training.dpo import (
     DPODataset,
     DPOLoss,
-    answer_logprobs,
     collate_pairs,
     dpo_loss,
-    frozen_copy,
     on_policy_pairs,
     pair_logprobs,
     pick_pair,
     read_dpo_eval,
     reservoir_sample,
-    sequence_logprobs,
     train_dpo,
 )
-from minimind_lib.evaluate import Answer, summarize_preferences
-from minimind_lib.model import IGNORE_INDEX, MiniMindForCausalLM
-from minimind_lib.profiles import get_profile
-from minimind_lib.rollout import Question, Sample, is_correct, reply
-from minimind_lib.sft import train_sft
-from minimind_lib.stages import STAGES, StageContext
-from minimind_lib.tokenizer import IM_END, encode_chat, load_tokenizer
-from minimind_lib.train import TrainConfig, train
+from minimind_lib.training.logprobs import answer_logprobs, frozen_copy, sequence_logprobs
+from minimind_lib.training.rollout import Question, Sample, is_correct, reply
+from minimind_lib.training.sft import train_sft
 
 TOK = load_tokenizer()
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from minimind_lib.data import DataFormatError
-from minimind_lib.evaluate import (
+from minimind_lib.evaluation.perplexity import perplexity
+from minimind_lib.evaluation.questions import (
     Answer,
     answer_budget,
     char_f1,
@@ -19,7 +20,6 @@ from minimind_lib.evaluate import (
     exact_match,
     generate_answers,
     load_eval_records,
-    perplexity,
     prompt_messages,
     question_table,
     reference,

@@ -1,4 +1,4 @@
-"""Every notebook exercise can fail: each registered check (minimind_lib.exercises) rejects a
+"""Every notebook exercise can fail: each registered check (minimind_lib.course.exercises) rejects a
 plausible wrong answer, and every exercise a notebook asks for has a check and a worked answer
 in notebooks/solutions/ (which nbval runs, so the worked answers pass their checks)."""
 
@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from minimind_lib import REPO_ROOT
+from minimind_lib.course.exercises import CHECKS, exercise
 from minimind_lib.data import sft_example
-from minimind_lib.dpo import answer_logprobs, dpo_loss
-from minimind_lib.exercises import CHECKS, exercise
-from minimind_lib.model import MiniMindForCausalLM, load_balancing_loss
+from minimind_lib.model import MiniMindForCausalLM
+from minimind_lib.model.moe import load_balancing_loss
 from minimind_lib.tokenizer import apply_chat_template
+from minimind_lib.training.dpo import dpo_loss
+from minimind_lib.training.logprobs import answer_logprobs
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CALL = re.compile(r"""exercise\(\s*["'](\d\d\.\d+)["']""")

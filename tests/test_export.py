@@ -1,4 +1,4 @@
-"""GGUF and Hugging Face export (minimind_lib.export, `python -m minimind_lib export`).
+"""GGUF and Hugging Face export (minimind_lib.inference.export, `python -m minimind_lib export`).
 
 Always on: the file read back with ``gguf.GGUFReader`` (metadata, tokenizer, tensor names,
 types and shapes), a from-scratch forward pass in llama.cpp's own layout (interleaved RoPE,
@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from minimind_lib.__main__ import main
-from minimind_lib.checkpoint import load_model, save_model
-from minimind_lib.export import (
+from minimind_lib.inference.export import (
     GGUF_NAMES,
     export,
     load_gguf,
@@ -24,10 +23,13 @@ from minimind_lib.export import (
     rope_interleave,
     write_gguf,
 )
-from minimind_lib.hf import from_pretrained
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, apply_rope, rope_tables
-from minimind_lib.quantize import quantize_int8
-from minimind_lib.tokenizer import CHAT_TEMPLATE, load_tokenizer
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.checkpoint import load_model, save_model
+from minimind_lib.model.hf import from_pretrained
+from minimind_lib.model.positions import apply_rope, rope_tables
+from minimind_lib.model.quantize import quantize_int8
+from minimind_lib.tokenizer import load_tokenizer
+from minimind_lib.tokenizer.special import CHAT_TEMPLATE
 
 TOK = load_tokenizer()
 GQA = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -285,7 +287,7 @@ def test_without_the_gguf_package_the_cli_says_what_to_install(model_dir, tmp_pa
 def test_export_refuses_what_llama_cpp_cannot_run(model_dir, tmp_path, monkeypatch):
     """A config option the plain llama architecture lacks (another branch may add MoE) is
     refused with the option named, not written as a file that would compute something else."""
-    import minimind_lib.export as ex
+    import minimind_lib.inference.export as ex
 
     config = load_model(model_dir).config
     object.__setattr__(config, "use_moe", True)

@@ -14,9 +14,9 @@ import pytest
 
 from minimind_lib import REPO_ROOT
 from minimind_lib.__main__ import main
-from minimind_lib.files import MARKER_FILE
-from minimind_lib.pipeline import PREVIOUS_DIR, differences, ensure, file_hash
-from minimind_lib.stages import read_marker
+from minimind_lib.core.filenames import MARKER_FILE
+from minimind_lib.course.pipeline import PREVIOUS_DIR, differences, ensure, file_hash
+from minimind_lib.course.stages import read_marker
 
 
 def _clone(tmp_path: Path) -> Path:
@@ -31,7 +31,7 @@ def _clone(tmp_path: Path) -> Path:
 
 def _ensure_in(clone: Path, stage: str, root: Path) -> str:
     """Run ``ensure(stage)`` with the clone's code and data, in its own process; its output."""
-    code = ("from minimind_lib import pipeline; "
+    code = ("from minimind_lib.course import pipeline; "
             f"pipeline.ensure({stage!r}, 'smoke', root={str(root)!r}, progress=False)")
     env = {**os.environ, "PYTHONPATH": str(clone), "OMP_NUM_THREADS": "1"}
     env.pop("MINIMIND_DATA_DIR", None)
@@ -113,7 +113,7 @@ def test_force_keeps_the_previous_run_and_runs_lists_it(smoke_runs, tmp_path, ca
 @pytest.mark.parametrize("marker", [False, True])
 def test_an_unfinished_stage_stays_in_place(tmp_path, marker):
     """A crashed run (no stage.json) keeps its checkpoints where --resume finds them."""
-    from minimind_lib.pipeline import _keep_previous
+    from minimind_lib.course.pipeline import _keep_previous
 
     stage = tmp_path / "pretrain"
     (stage / "checkpoints").mkdir(parents=True)
@@ -127,8 +127,8 @@ def test_an_unfinished_stage_stays_in_place(tmp_path, marker):
 def test_init_starts_a_stage_from_another_model(smoke_runs, tmp_path):
     """--init: the dpo stage starts from a given model folder; its sft prerequisite (and so
     pretraining) is neither needed nor run, and the folder's weights enter the fingerprint."""
-    from minimind_lib.pipeline import fingerprint
-    from minimind_lib.profiles import get_profile, override
+    from minimind_lib.course.pipeline import fingerprint
+    from minimind_lib.course.profiles import get_profile, override
 
     profile = override(get_profile("smoke"), {"dpo.max_steps": "4", "eval_per_task": "2"})
     root = tmp_path / "runs"

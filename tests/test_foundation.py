@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from minimind_lib import REPO_ROOT
-from minimind_lib.device import BF16, FP16, FP32, pick_device, pick_precision
+from minimind_lib.core.device import BF16, FP16, FP32, pick_device, pick_precision
+from minimind_lib.course.profiles import PROFILE_NAMES, get_profile, resolve_profile_name
 from minimind_lib.model import MiniMindConfig
-from minimind_lib.profiles import PROFILE_NAMES, get_profile, resolve_profile_name
 
 # --- packaging -------------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ import torch
 
 from minimind_lib import REPO_ROOT
 from minimind_lib.__main__ import main
-from minimind_lib.memory import activation_bytes, measure_saved_bytes, per_sequence
+from minimind_lib.course.profiles import get_profile, load_config, override, valid_keys
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.profiles import get_profile, load_config, override, valid_keys
-from minimind_lib.train import TrainConfig, TrainSettings, train
+from minimind_lib.training import TrainConfig, TrainSettings, train
+from minimind_lib.training.memory import activation_bytes, measure_saved_bytes, per_sequence
 
 TINY = MiniMindConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=2, max_position_embeddings=32768)
@@ -160,8 +160,8 @@ def test_download_data_offline_from_the_hub_cache(tmp_path, monkeypatch, capsys)
 
 
 def test_download_model_offline_then_load_it(tmp_path, monkeypatch):
-    from minimind_lib import download
-    from minimind_lib.hf import load_pretrained, to_hf
+    from minimind_lib.core import download
+    from minimind_lib.model.hf import load_pretrained, to_hf
 
     torch.manual_seed(0)
     ours = MiniMindForCausalLM(TINY).eval()
@@ -188,7 +188,7 @@ def test_load_pretrained_minimind_formats(tmp_path):
     logits equal to the original. fp16 files: exactly the fp32 model with fp16-rounded
     weights; an fp32 export: within 1e-5 (float rounding of the same computation)."""
     transformers = pytest.importorskip("transformers")
-    from minimind_lib.hf import load_pretrained, to_hf
+    from minimind_lib.model.hf import load_pretrained, to_hf
 
     torch.manual_seed(0)
     ours = MiniMindForCausalLM(TINY).eval()
@@ -212,7 +212,7 @@ def test_load_pretrained_minimind_formats(tmp_path):
 
 
 def test_load_pretrained_rejects_what_it_cannot_load(tmp_path):
-    from minimind_lib.hf import load_pretrained
+    from minimind_lib.model.hf import load_pretrained
 
     torch.save({"model.embed_tokens.weight": torch.zeros(4, 8)}, tmp_path / "bad.pth")
     with pytest.raises(ValueError, match="not a MiniMind / Llama state dict"):
@@ -302,7 +302,7 @@ def test_checkpointing_keeps_the_moe_load_balancing_gradient():
 def test_load_pretrained_minimind_moe_pth(tmp_path):
     """MiniMind's MoE .pth (its parameter names: mlp.gate, mlp.experts.N, mlp.shared_experts.N):
     the experts are counted from the tensors and the logits equal the original's."""
-    from minimind_lib.hf import load_pretrained
+    from minimind_lib.model.hf import load_pretrained
 
     config = replace(TINY, use_moe=True, n_routed_experts=3, n_shared_experts=1)
     torch.manual_seed(0)

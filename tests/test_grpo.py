@@ -11,8 +11,11 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from minimind_lib.evaluate import Answer
-from minimind_lib.grpo import (
+from minimind_lib.evaluation.questions import Answer
+from minimind_lib.model import IGNORE_INDEX
+from minimind_lib.tokenizer import load_tokenizer
+from minimind_lib.training import TrainConfig
+from minimind_lib.training.grpo import (
     GRPOLoss,
     GRPOSettings,
     Rollout,
@@ -26,10 +29,7 @@ from minimind_lib.grpo import (
     rollout_batches,
     train_grpo,
 )
-from minimind_lib.model import IGNORE_INDEX
-from minimind_lib.rollout import Question, Sample
-from minimind_lib.tokenizer import load_tokenizer
-from minimind_lib.train import TrainConfig
+from minimind_lib.training.rollout import Question, Sample
 
 TOK = load_tokenizer()
 
@@ -239,7 +239,7 @@ def test_grpo_loss_on_a_model_at_the_start_is_minus_the_mean_advantage_plus_zero
     rewards = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     batch = rollout_batches(Rollout(QUESTIONS[:2], groups, rewards, group_advantages(rewards)),
                             batch_size=2, pad_id=0)[0]
-    from minimind_lib.dpo import token_logprobs
+    from minimind_lib.training.logprobs import token_logprobs
 
     with torch.no_grad():
         batch["ref_logps"] = token_logprobs(model, batch["input_ids"], batch["labels"])
@@ -316,8 +316,8 @@ def test_grpo_stage_from_the_reference_model_writes_curves_and_evals(tmp_path, c
     """`grpo --init data/reference/sft` on a shrunken smoke profile: metrics rows carry reward,
     kl, response_length (and val_accuracy), eval.json the scores before and after."""
     from minimind_lib import DATA_DIR
-    from minimind_lib.profiles import get_profile
-    from minimind_lib.stages import STAGES, StageContext
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.course.stages import STAGES, StageContext
 
     smoke = get_profile("smoke")
     profile = replace(smoke, eval_per_task=2,

@@ -22,16 +22,19 @@ import torch
 from tiny import noisy
 from torch.utils.data import Dataset
 
-from minimind_lib import serve
 from minimind_lib.__main__ import main
-from minimind_lib.checkpoint import load_checkpoint, load_model, save_checkpoint, save_model
+from minimind_lib.course.plotting import read_metrics
 from minimind_lib.data import DataFormatError, read_jsonl
-from minimind_lib.inference import ChatSession, SamplingParams, chat_loop, complete
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, sample_next_token
-from minimind_lib.plotting import read_metrics
-from minimind_lib.serve import BackgroundServer, create_app, launch_server_process
+from minimind_lib.inference.chat import ChatSession, SamplingParams, chat_loop, complete
+from minimind_lib.inference.serve import app as serve_app
+from minimind_lib.inference.serve.app import create_app
+from minimind_lib.inference.serve.errors import RETRY_AFTER_SECONDS
+from minimind_lib.inference.serve.launch import BackgroundServer, launch_server_process
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.checkpoint import load_checkpoint, load_model, save_checkpoint, save_model
+from minimind_lib.model.sampling import sample_next_token
 from minimind_lib.tokenizer import encode_chat, train_bpe_fast
-from minimind_lib.train import TrainConfig, train
+from minimind_lib.training import TrainConfig, train
 
 CONTEXT = 128
 CHAT = "/v1/chat/completions"
@@ -154,7 +157,7 @@ def test_a_full_queue_answers_503_with_retry_after(tok):
     with BackgroundServer(app) as server:
         refused, served = asyncio.run(scenario())
     error = openai_error(refused, 503)
-    assert refused.headers["retry-after"] == str(serve.RETRY_AFTER_SECONDS)
+    assert refused.headers["retry-after"] == str(RETRY_AFTER_SECONDS)
     assert error["code"] == "server_busy" and "2 requests are waiting" in error["message"]
     assert [answer(r) for r in served] == [answer(r) for r in served[:1]] * 2
     assert model.generated < 3000
@@ -263,7 +266,7 @@ def test_tokenising_runs_off_the_event_loop(server, monkeypatch):
         threads.append(threading.current_thread().name)
         return encode_chat(*args, **kwargs)
 
-    monkeypatch.setattr(serve, "encode_chat", recording_encode_chat)
+    monkeypatch.setattr(serve_app, "encode_chat", recording_encode_chat)
     r = httpx.post(server.url + CHAT, json={"messages": user("hi"), "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and len(threads) == 1
     assert threads[0] != "uvicorn"  # BackgroundServer's event loop runs on that thread

@@ -1,4 +1,4 @@
-"""minimind_lib.hf: MiniMind equals transformers' Llama (logits, generation, files)."""
+"""minimind_lib.model.hf: MiniMind equals transformers' Llama (logits, generation, files)."""
 
 import json
 import os
@@ -11,8 +11,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network, even by accident
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from minimind_lib import DATA_DIR  # noqa: E402
-from minimind_lib.hf import from_hf, from_pretrained, save_pretrained, to_hf  # noqa: E402
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, attention_maps  # noqa: E402
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+from minimind_lib.model.decoder import attention_maps
+from minimind_lib.model.hf import from_hf, from_pretrained, save_pretrained, to_hf  # noqa: E402
 
 BASE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)

@@ -12,11 +12,11 @@ import torch
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
                                 "(optional: `make llama-cpp` builds it)")
 
-from minimind_lib.checkpoint import load_model  # noqa: E402
-from minimind_lib.evaluate import eval_files, load_eval_records, prompt_messages  # noqa: E402
-from minimind_lib.export import export, load_gguf, write_gguf  # noqa: E402
-from minimind_lib.inference import SamplingParams, complete, stop_ids  # noqa: E402
+from minimind_lib.evaluation.questions import eval_files, load_eval_records, prompt_messages  # noqa: E402, E501
+from minimind_lib.inference.chat import SamplingParams, complete, stop_ids  # noqa: E402
+from minimind_lib.inference.export import export, load_gguf, write_gguf  # noqa: E402
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+from minimind_lib.model.checkpoint import load_model  # noqa: E402
 from minimind_lib.tokenizer import encode_chat, load_tokenizer  # noqa: E402
 
 TOK = load_tokenizer()

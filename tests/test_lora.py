@@ -1,4 +1,4 @@
-"""LoRA (minimind_lib.lora): the layer against its formula, freezing, counts, merging, PEFT's
+"""LoRA (minimind_lib.training.lora): the layer against its formula, freezing, counts, merging, PEFT's
 adapter format, and the real ``peft`` library applied to the Hugging Face export."""
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from minimind_lib.checkpoint import load_model, save_model
-from minimind_lib.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from minimind_lib.lora import (
+from minimind_lib.core.filenames import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from minimind_lib.course.profiles import get_profile, override
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.checkpoint import load_model, save_model
+from minimind_lib.training.lora import (
     ATTENTION,
     MLP,
     LoRALinear,
@@ -29,8 +31,6 @@ from minimind_lib.lora import (
     optimizer_state_bytes,
     save_adapter,
 )
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.profiles import get_profile, override
 
 CONFIG = MiniMindConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=64)
@@ -233,7 +233,7 @@ def peft():
 
 
 def test_our_tensor_names_are_the_ones_peft_writes_for_a_llama(peft, tmp_path):
-    from minimind_lib.hf import to_hf
+    from minimind_lib.model.hf import to_hf
 
     model = _trained_adapter(_model(), target_modules=("q_proj", "v_proj", "down_proj"))
     save_adapter(model, tmp_path / "ours")
@@ -248,7 +248,7 @@ def test_our_tensor_names_are_the_ones_peft_writes_for_a_llama(peft, tmp_path):
 def test_peft_applied_to_the_hf_export_gives_the_merged_models_logits(peft, tmp_path):
     """The issue's check: our adapter folder, loaded by the real ``peft`` onto
     ``to_hf(base)``, computes what our merged model computes."""
-    from minimind_lib.hf import to_hf
+    from minimind_lib.model.hf import to_hf
 
     base = _model()
     model = _trained_adapter(copy.deepcopy(base))
@@ -278,9 +278,9 @@ def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_run
     import shutil
 
     from minimind_lib.__main__ import main
-    from minimind_lib.evaluate import read_eval
-    from minimind_lib.report import write_report
-    from minimind_lib.stages import read_marker
+    from minimind_lib.course.report import write_report
+    from minimind_lib.course.stages import read_marker
+    from minimind_lib.evaluation.model_eval import read_eval
 
     root = tmp_path / "runs"
     shutil.copytree(smoke_runs, root)
@@ -317,7 +317,7 @@ def test_lora_stage_writes_the_adapter_the_merged_model_and_the_scores(smoke_run
 
 def test_an_interrupted_lora_run_resumes_to_the_same_adapters(tmp_path):
     """Checkpoints hold the adapters (the model's state dict has them), so --resume works."""
-    from minimind_lib.domain import task_records
+    from minimind_lib.data.hanzi_codes import task_records
     from minimind_lib.tokenizer import load_tokenizer
 
     config = MiniMindConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,

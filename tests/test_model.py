@@ -8,14 +8,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minimind_lib.model import (
-    MiniMindConfig,
-    MiniMindForCausalLM,
-    apply_rope,
-    causal_lm_loss,
-    rope_tables,
-    sample_next_token,
-)
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.decoder import causal_lm_loss
+from minimind_lib.model.positions import apply_rope, rope_tables
+from minimind_lib.model.sampling import sample_next_token
 
 TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)

@@ -1,4 +1,4 @@
-"""Mixture of experts (minimind_lib.model.MoEFeedForward, notebook 11): logits and the
+"""Mixture of experts (minimind_lib.model.moe.MoEFeedForward, notebook 11): logits and the
 auxiliary loss against an independent reference written here from MiniMind's formulas, train
 vs eval mode, the one-expert model equals the dense one, MiniMind's parameter names, and the
 aux loss reaching the training loss and the metrics log."""
@@ -10,16 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minimind_lib.checkpoint import load_model, save_model
-from minimind_lib.model import (
-    MiniMindConfig,
-    MiniMindForCausalLM,
-    MoEFeedForward,
-    causal_lm_loss,
-    expert_load,
-    load_balancing_loss,
-)
-from minimind_lib.train import TrainConfig, train
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.checkpoint import load_model, save_model
+from minimind_lib.model.decoder import causal_lm_loss
+from minimind_lib.model.moe import MoEFeedForward, expert_load, load_balancing_loss
+from minimind_lib.training import TrainConfig, train
 
 TINY = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, intermediate_size=48)

@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minimind_lib import DATA_DIR, pipeline, stages
+from minimind_lib import DATA_DIR
 from minimind_lib.__main__ import main
-from minimind_lib.checkpoint import load_model
-from minimind_lib.files import MARKER_FILE
-from minimind_lib.plotting import read_metrics
-from minimind_lib.profiles import get_profile
+from minimind_lib.core.filenames import MARKER_FILE
+from minimind_lib.course import pipeline, stages
+from minimind_lib.course.plotting import read_metrics
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.model.checkpoint import load_model
 
 pytestmark = pytest.mark.skipif(not (DATA_DIR / "tokenizer" / "tokenizer.json").is_file()
                                 or not (DATA_DIR / "pretrain_sample.jsonl").is_file(),

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 import minimind_lib.__main__ as cli
-from minimind_lib.checkpoint import load_model
-from minimind_lib.files import FIGURES_DIR, REPORT_FILE
-from minimind_lib.pipeline import find_model_dir, stages_in_all
-from minimind_lib.profiles import get_profile
-from minimind_lib.quantize import QuantLinear, model_size_bytes
-from minimind_lib.stages import read_marker
+from minimind_lib.core.filenames import FIGURES_DIR, REPORT_FILE
+from minimind_lib.course.pipeline import find_model_dir, stages_in_all
+from minimind_lib.course.profiles import get_profile
+from minimind_lib.course.stages import read_marker
+from minimind_lib.model.checkpoint import load_model
+from minimind_lib.model.quantize import QuantLinear, model_size_bytes
 
 STAGES = tuple(s.name for s in stages_in_all())
 

@@ -1,7 +1,7 @@
 """Position encodings for long inputs (notebook 12): RoPE scaling (PI, NTK, YaRN) against the
 issue's formula and transformers' rope-init functions, ALiBi against Bloom, attention with
 ALiBi / no position encoding against a reference written from the formulas, and the
-long-context evaluation helpers (minimind_lib.long_context)."""
+long-context evaluation helpers (minimind_lib.evaluation.long_context)."""
 
 import math
 
@@ -12,18 +12,17 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-from minimind_lib.checkpoint import load_model, save_model
-from minimind_lib.hf import from_hf, to_hf
-from minimind_lib.long_context import extend, loss_by_position, perplexity_by_length, rope_variants
-from minimind_lib.model import (
-    Attention,
-    MiniMindConfig,
-    MiniMindForCausalLM,
-    alibi_bias,
-    alibi_slopes,
-    rope_frequencies,
-    rope_tables,
+from minimind_lib.evaluation.long_context import (
+    extend,
+    loss_by_position,
+    perplexity_by_length,
+    rope_variants,
 )
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.attention import Attention
+from minimind_lib.model.checkpoint import load_model, save_model
+from minimind_lib.model.hf import from_hf, to_hf
+from minimind_lib.model.positions import alibi_bias, alibi_slopes, rope_frequencies, rope_tables
 
 MINIMIND_YARN = {"type": "yarn", "factor": 16, "original_max_position_embeddings": 2048,
                  "beta_fast": 32, "beta_slow": 1, "attention_factor": 1.0}
@@ -281,7 +280,7 @@ def test_alibi_and_nope_models_store_no_position_tables():
         model(torch.zeros(1, 65, dtype=torch.long))
 
 
-# --- minimind_lib.long_context ----------------------------------------------------------
+# --- minimind_lib.evaluation.long_context ----------------------------------------------------------
 
 
 def test_extend_keeps_the_weights_and_scaling_starts_past_the_training_length():

@@ -7,7 +7,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from minimind_lib.data import DataFormatError, PretrainDataset, load_pretrain_split, tokenize_corpus
+from minimind_lib.data import DataFormatError
+from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split, tokenize_corpus
 
 DOCS = [f"document {i}: the cat sat on mat number {i * 7}." for i in range(40)]
 

@@ -1,4 +1,4 @@
-"""int8 weight-only quantisation (minimind_lib.quantize): error bounds, the int8 modules, sizes,
+"""int8 weight-only quantisation (minimind_lib.model.quantize): error bounds, the int8 modules, sizes,
 save/load, PyTorch's dynamic int8, and the quality of a quantised *trained* model."""
 
 import json
@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import Dataset
 
-from minimind_lib.checkpoint import CheckpointMismatchError, load_model, save_model
-from minimind_lib.files import QUANT_FILE
-from minimind_lib.formats import build_formats, compare_formats, formats_table
+from minimind_lib.core.filenames import QUANT_FILE
+from minimind_lib.evaluation.precision import build_formats, compare_formats, formats_table
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.quantize import (
+from minimind_lib.model.checkpoint import CheckpointMismatchError, load_model, save_model
+from minimind_lib.model.quantize import (
     QMAX,
     QuantEmbedding,
     QuantLinear,
@@ -28,7 +28,7 @@ from minimind_lib.quantize import (
     quantize_int8,
     torch_int8_unavailable,
 )
-from minimind_lib.train import TrainConfig, train
+from minimind_lib.training import TrainConfig, train
 
 TINY = MiniMindConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=128)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minimind_lib.data import dataset_files, read_jsonl
-from minimind_lib.evaluate import Answer, generate_answers
+from minimind_lib.data import read_jsonl
+from minimind_lib.data.readers import dataset_files
+from minimind_lib.evaluation.questions import Answer, generate_answers
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.rollout import (
+from minimind_lib.tokenizer import END_OF_TEXT, IM_END, load_tokenizer
+from minimind_lib.training.rollout import (
     Question,
     accuracy,
     is_correct,
@@ -19,7 +21,6 @@ from minimind_lib.rollout import (
     verifiable_questions,
     verifiable_reward,
 )
-from minimind_lib.tokenizer import END_OF_TEXT, IM_END, load_tokenizer
 
 TOK = load_tokenizer()
 END, EOT = TOK.token_to_id(IM_END), TOK.token_to_id(END_OF_TEXT)

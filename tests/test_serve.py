@@ -1,4 +1,4 @@
-"""The server (minimind_lib.serve) against a real uvicorn on a free 127.0.0.1 port: both
+"""The server (minimind_lib.inference.serve) against a real uvicorn on a free 127.0.0.1 port: both
 endpoints, streaming, bad requests, 64 concurrent requests; plus the text streamer, the chat
 session and the CLI (`serve` in a subprocess, `chat` on stdin)."""
 
@@ -14,11 +14,12 @@ import pytest
 import torch
 from tiny import noisy
 
-from minimind_lib.checkpoint import save_model
-from minimind_lib.inference import ChatSession, SamplingParams, TextStream, chat_loop, complete
+from minimind_lib.course.pipeline import find_model_dir
+from minimind_lib.inference.chat import ChatSession, SamplingParams, TextStream, chat_loop, complete
+from minimind_lib.inference.serve.app import create_app
+from minimind_lib.inference.serve.launch import BackgroundServer, launch_server_process
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.pipeline import find_model_dir
-from minimind_lib.serve import BackgroundServer, create_app, launch_server_process
+from minimind_lib.model.checkpoint import save_model
 from minimind_lib.tokenizer import encode_chat, train_bpe_fast
 
 CONTEXT = 128
@@ -93,7 +94,7 @@ def test_streamer_never_splits_a_character(tok):
 
 def _byte_symbols(text):
     """``text`` as one byte-level symbol per UTF-8 byte (the tokenizer's 256 base tokens)."""
-    from minimind_lib.tokenizer import bytes_to_unicode
+    from minimind_lib.tokenizer.bpe import bytes_to_unicode
 
     table = bytes_to_unicode()
     return [table[b] for b in text.encode("utf-8")]

@@ -9,12 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minimind_lib import DATA_DIR
-from minimind_lib.data import (
-    SFTDataset,
-    pad_sft_batch,
-    read_jsonl,
-    sft_example,
-)
+from minimind_lib.data import read_jsonl, sft_example
+from minimind_lib.data.conversations import SFTDataset, pad_sft_batch
 from minimind_lib.model import IGNORE_INDEX
 from minimind_lib.tokenizer import apply_chat_template, encode_chat, load_tokenizer
 
@@ -184,11 +180,12 @@ def test_padded_batch_gives_each_row_its_unpadded_loss():
 
 
 def test_sft_stage_writes_a_model_metrics_and_before_after_eval(smoke_runs):
-    from minimind_lib.checkpoint import load_model
-    from minimind_lib.evaluate import read_eval, summarize
-    from minimind_lib.plotting import read_metrics
-    from minimind_lib.profiles import get_profile
-    from minimind_lib.stages import read_marker
+    from minimind_lib.course.plotting import read_metrics
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.course.stages import read_marker
+    from minimind_lib.evaluation.model_eval import read_eval
+    from minimind_lib.evaluation.questions import summarize
+    from minimind_lib.model.checkpoint import load_model
 
     profile, out = get_profile("smoke"), smoke_runs / "sft"
     assert load_model(out).config == profile.model
@@ -213,10 +210,10 @@ def test_sft_raises_exact_match_on_a_task_the_tiny_model_can_learn(smoke_runs, t
     it learns the reply's shape and answers with one common first word ("It" here, 4 of the
     120 references), so exact-match leaves zero (measured 0% -> 3.3%, format 0% -> 100%).
     fp32, so the result does not depend on whether this CPU has native bf16."""
-    from minimind_lib.checkpoint import load_model
-    from minimind_lib.evaluate import evaluate_sft, load_eval_records
-    from minimind_lib.profiles import get_profile
-    from minimind_lib.sft import train_sft
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.evaluation.questions import evaluate_sft, load_eval_records
+    from minimind_lib.model.checkpoint import load_model
+    from minimind_lib.training.sft import train_sft
 
     train_file = tmp_path / "first_word.jsonl"
     lines = (DATA_DIR / "sft_sample.jsonl").read_text(encoding="utf-8").splitlines()

@@ -21,20 +21,22 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.data import read_jsonl  # noqa: E402
-from minimind_lib.tokenizer import (  # noqa: E402
-    COURSE_CORPUS,
-    COURSE_TOKENIZER,
-    COURSE_VOCAB_SIZE,
+from minimind_lib.tokenizer import (
     SPECIAL_TOKENS,
     BPETokenizer,
     apply_chat_template,
-    bytes_to_unicode,
     encode_chat,
     load_tokenizer,
-    pretokenize,
-    to_byte_level,
     train_bpe,
     train_bpe_fast,
+)
+from minimind_lib.tokenizer.bpe import (
+    COURSE_CORPUS,
+    COURSE_TOKENIZER,
+    COURSE_VOCAB_SIZE,
+    bytes_to_unicode,
+    pretokenize,
+    to_byte_level,
 )
 
 # --- corpora built in the test --------------------------------------------------------

@@ -9,14 +9,9 @@ import torch.multiprocessing as mp
 from torch.utils.data import Dataset
 
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.train import (
-    StepBatchSampler,
-    TrainConfig,
-    TrainingDiverged,
-    default_loss,
-    lr_at,
-    train,
-)
+from minimind_lib.training import TrainConfig, train
+from minimind_lib.training.loop import StepBatchSampler, TrainingDiverged, default_loss
+from minimind_lib.training.settings import lr_at
 
 VOCAB, T = 64, 16
 
@@ -145,7 +140,7 @@ def test_resume_is_bit_exact_on_cpu(tmp_path):
     assert [r["step"] for r in resumed] == [5, 6, 7, 8]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in whole[4:]]  # exact
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in whole[4:]]
-    from minimind_lib.plotting import read_metrics
+    from minimind_lib.course.plotting import read_metrics
     logged = read_metrics(tmp_path / "b")  # rows 5-6 of the killed run were dropped
     assert [r["loss"] for r in logged] == [r["loss"] for r in whole]
 

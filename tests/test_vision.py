@@ -10,10 +10,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minimind_lib.checkpoint import load_model
-from minimind_lib.files import VISION_CONFIG_FILE
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM, MiniMindModel
-from minimind_lib.scenes import (
+from minimind_lib.core.filenames import VISION_CONFIG_FILE
+from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model.checkpoint import load_model
+from minimind_lib.model.decoder import MiniMindModel
+from minimind_lib.tokenizer import encode_chat, load_tokenizer
+from minimind_lib.vision.clip import (
+    CLIP,
+    ZERO_SHOT_TARGETS,
+    CLIPConfig,
+    EncoderAttention,
+    all_scenes,
+    caption_ids,
+    clip_loss,
+    label,
+    load_clip,
+    patchify,
+    save_clip,
+    to_pixels,
+    zero_shot,
+)
+from minimind_lib.vision.recipe import VisionSettings, train_vlm
+from minimind_lib.vision.scenes import (
     BACKGROUND,
     COLOURS,
     HELD_OUT_PAIRS,
@@ -34,36 +52,16 @@ from minimind_lib.scenes import (
     render,
     training_scene,
 )
-from minimind_lib.tokenizer import encode_chat, load_tokenizer
-from minimind_lib.vision import (
-    CLIP,
-    ZERO_SHOT_TARGETS,
-    CLIPConfig,
-    EncoderAttention,
-    all_scenes,
-    caption_ids,
-    clip_loss,
-    label,
-    load_clip,
-    patchify,
-    save_clip,
-    to_pixels,
-    zero_shot,
-)
-from minimind_lib.vlm import (
+from minimind_lib.vision.vlm import (
     IMAGE_TOKEN_ID,
-    VisionSettings,
-    VQADataset,
     build_vlm,
     encode_image_chat,
     is_vlm_folder,
     load_vlm,
     save_vlm,
-    score_vqa,
     splice,
-    train_vlm,
-    vqa_example,
 )
+from minimind_lib.vision.vqa import VQADataset, score_vqa, vqa_example
 
 TINY_CLIP = CLIPConfig(vision_width=16, vision_layers=1, vision_heads=2, text_width=16,
                        text_layers=1, text_heads=2, embed_dim=8)
@@ -116,7 +114,7 @@ def test_recoloured_scenes_show_no_palette_colour_and_name_none():
         assert [r["kind"] for r in questions(scene)].count("colour") == 0
         assert len(questions(scene)) == 8
     with pytest.raises(ValueError, match="no colour question"):
-        from minimind_lib.scenes import question
+        from minimind_lib.vision.scenes import question
         question(make_scene(2, "recoloured", 0), "colour", "zh")
     assert {make_scene(2, "recoloured", i).shape for i in range(100)} == set(SHAPES)
     assert any(is_grey(make_scene(2, "recoloured", i).rgb) for i in range(100))
@@ -136,7 +134,7 @@ def test_reshaped_scenes_name_their_colour_and_no_shape():
         assert "shape" not in asked and asked.count("colour") == 2 and len(asked) == 8
     assert {make_scene(2, "reshaped", i).shape for i in range(50)} == set(UNNAMED_SHAPES)
     with pytest.raises(ValueError, match="no shape question"):
-        from minimind_lib.scenes import question
+        from minimind_lib.vision.scenes import question
         question(make_scene(2, "reshaped", 0), "shape", "en")
     # a ring is not a circle: the hole is background
     ring = render(replace(make_scene(2, "reshaped", 0), shape="ring", count=1, size="big"))
@@ -145,7 +143,7 @@ def test_reshaped_scenes_name_their_colour_and_no_shape():
 
 
 def test_pixels_are_normalised_by_the_training_pictures_own_statistics():
-    from minimind_lib.vision import PIXEL_MEAN, PIXEL_STD
+    from minimind_lib.vision.clip import PIXEL_MEAN, PIXEL_STD
 
     settings = VisionSettings()
     pictures = np.stack([render(training_scene(3, i, 2000, settings.recoloured, settings.reshaped))
@@ -161,7 +159,7 @@ def test_the_encoders_positions_are_not_lost_beside_a_shape():
     """A patch with ink in it starts ~10x bigger than a background patch once pixels are
     normalised; positions at ViT's usual 0.02 were then ~1% of it and a smoke CLIP never
     learnt where the shapes are (zero-shot side 40%, chance 50%; 100% at the scale used)."""
-    from minimind_lib.vision import ImageEncoder
+    from minimind_lib.vision.clip import ImageEncoder
 
     torch.manual_seed(0)
     encoder = ImageEncoder(CLIPConfig(vocab_size=16, patch_size=16))
@@ -210,7 +208,7 @@ def test_vqa_training_data_asks_each_picture_only_what_it_shows():
 
 
 def test_the_clip_sizes_nest_in_the_vision_settings_and_are_set_by_dotted_keys(tmp_path):
-    from minimind_lib.profiles import get_profile, load_config, override, valid_keys
+    from minimind_lib.course.profiles import get_profile, load_config, override, valid_keys
 
     smoke = get_profile("smoke")
     assert smoke.vision.clip_config(6400) == replace(smoke.vision.clip, vocab_size=6400)
@@ -270,7 +268,7 @@ def test_every_question_has_one_of_its_kinds_answers():
     for r in records:
         assert r["answer"] in answers(r["kind"], r["language"])
     with pytest.raises(ValueError, match="unknown question kind 'mood'"):
-        from minimind_lib.scenes import question
+        from minimind_lib.vision.scenes import question
         question(scene, "mood")
 
 
@@ -341,7 +339,7 @@ def test_zero_shot_reads_the_class_off_the_captions(tokenizer, monkeypatch):
     """With one orthogonal text embedding per caption template, a picture embedded as its own
     caption is classified right for every target, and one embedded as another class's caption
     wrong: the bookkeeping from captions to classes holds."""
-    from minimind_lib import vision
+    from minimind_lib.vision import clip as vision
 
     templates = all_scenes()
     clip = CLIP(replace(TINY_CLIP, embed_dim=len(templates))).eval()
@@ -482,7 +480,7 @@ def test_the_projector_tells_its_tokens_apart_by_position_and_adds_the_picture_t
     """Four identical 2 x 2 blocks (a blank picture) give four different LM inputs (the
     per-token position vectors), then one more: the picture's CLIP embedding, whose scale does
     not matter (it is normalised), and which alone tells two pictures of equal patches apart."""
-    from minimind_lib.vlm import Projector
+    from minimind_lib.vision.vlm import Projector
 
     torch.manual_seed(0)
     projector = Projector(vision_width=8, hidden_size=16, grid=4, embed_dim=6)
@@ -522,7 +520,7 @@ def test_vlm_folder_round_trip(tmp_path, tokenizer):
                        again(batch["input_ids"], batch["pixel_values"]).logits)
     ids = torch.randint(0, TINY_LM.vocab_size, (1, 5))
     assert torch.equal(load_model(folder)(ids).logits, vlm.lm(ids).logits)  # the LM part alone
-    from minimind_lib.inference import load_for_serving
+    from minimind_lib.inference.loading import load_for_serving
 
     served, _ = load_for_serving(folder, "cpu")  # what `serve --model <vlm folder>` loads
     assert isinstance(served, type(vlm)) and served.image_tokens == vlm.image_tokens
@@ -551,7 +549,7 @@ def test_the_oracle_features_mark_exactly_the_cells_with_shapes():
 def test_vqa_chance_is_one_over_the_possible_answers():
     scene = make_scene(0, "held_out", 0)
     records = [{**q, "scene": scene} for q in questions(scene)]
-    from minimind_lib.evaluate import Answer
+    from minimind_lib.evaluation.questions import Answer
 
     scores = score_vqa(records, [Answer(r["answer"], True) for r in records])
     assert scores["all"].exact_match == 1.0
@@ -592,9 +590,10 @@ def _picture_request(url, text="What colour is it?", **extra):
 def test_the_server_reads_a_picture_in_openais_format(tokenizer):
     import httpx
 
-    from minimind_lib.inference import SamplingParams, TextStream
-    from minimind_lib.serve import BackgroundServer, create_app
-    from minimind_lib.vlm import data_url
+    from minimind_lib.inference.chat import SamplingParams, TextStream
+    from minimind_lib.inference.serve.app import create_app
+    from minimind_lib.inference.serve.launch import BackgroundServer
+    from minimind_lib.vision.pictures import data_url
 
     vlm = _loud_vlm()
     pictures = [render(make_scene(0, "held_out", i)) for i in range(3)]
@@ -626,8 +625,9 @@ def test_the_server_reads_a_picture_in_openais_format(tokenizer):
 def test_a_text_model_refuses_pictures_and_says_why(tokenizer):
     import httpx
 
-    from minimind_lib.serve import BackgroundServer, create_app
-    from minimind_lib.vlm import data_url
+    from minimind_lib.inference.serve.app import create_app
+    from minimind_lib.inference.serve.launch import BackgroundServer
+    from minimind_lib.vision.pictures import data_url
 
     url = data_url(render(make_scene(0, "train", 0)))
     with BackgroundServer(create_app(MiniMindForCausalLM(TINY_LM).eval(), tokenizer)) as server:
@@ -655,9 +655,9 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     import shutil
 
     from minimind_lib.__main__ import main
-    from minimind_lib.files import EVAL_FILE, MARKER_FILE, METRICS_FILE
-    from minimind_lib.profiles import get_profile
-    from minimind_lib.vision import load_clip
+    from minimind_lib.core.filenames import EVAL_FILE, MARKER_FILE, METRICS_FILE
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.vision.clip import load_clip
 
     root = tmp_path / "runs"
     shutil.copytree(smoke_runs, root)

@@ -5,7 +5,7 @@ Each ``fig_*`` function below draws one diagram with matplotlib and is saved as
 included, and GitHub and JupyterLab both show it from a notebook's markdown:
 ``![...](figures/<name>.svg)``). The diagrams are drawn, not measured: every number in them
 is an example or a shape, never a result (notebook 13's show the course's own synthetic
-pictures, drawn by ``minimind_lib.scenes``). ``tests/test_figures.py`` checks that every figure a
+pictures, drawn by ``minimind_lib.vision.scenes``). ``tests/test_figures.py`` checks that every figure a
 notebook shows exists and that this script draws exactly the files in this folder.
 """
 
@@ -405,7 +405,7 @@ def fig_rope_rotation() -> plt.Figure:
 @figure
 def fig_training_step() -> plt.Figure:
     fig, ax = canvas(10.5, 4.2)
-    label(ax, 0.15, 3.95, "One optimizer step (minimind_lib.train.train_step, built in notebook "
+    label(ax, 0.15, 3.95, "One optimizer step (minimind_lib.training.loop.train_step, built in notebook "
           "04)", size=11, weight="bold")
     box(ax, 0.15, 2.75, 1.7, 0.75, "lr = warmup,\nthen cosine(step)", NOTE, size=8.5)
     arrow(ax, (1.87, 3.12), (2.15, 3.12))
@@ -646,7 +646,7 @@ def fig_int8_linear() -> plt.Figure:
 @figure
 def fig_sampling_pipeline() -> plt.Figure:
     fig, ax = canvas(10.5, 2.6)
-    label(ax, 0.15, 2.35, "From logits to the next token (minimind_lib.model.sample_next_token)",
+    label(ax, 0.15, 2.35, "From logits to the next token (minimind_lib.model.sampling.sample_next_token)",
           size=11, weight="bold")
     steps = [("logits z\n(V,)", DATA), ("repetition\npenalty\n(optional)", NOTE),
              ("z / T\n(T = 0: argmax)", OP), ("top-k: keep\nthe k best", MASK),
@@ -923,9 +923,9 @@ def fig_clipped_objective() -> plt.Figure:
 
 @figure
 def fig_patches() -> plt.Figure:
-    """Notebook 13: one of the course's own pictures (``minimind_lib.scenes``) as patch tokens."""
-    from minimind_lib.scenes import caption, make_scene, render
-    from minimind_lib.vision import CLIPConfig
+    """Notebook 13: one of the course's own pictures (``minimind_lib.vision.scenes``) as patch tokens."""
+    from minimind_lib.vision.scenes import caption, make_scene, render
+    from minimind_lib.vision.clip import CLIPConfig
 
     patch, n = CLIPConfig().patch_size, CLIPConfig().grid
     scene = make_scene(0, "train", 3)
@@ -966,7 +966,7 @@ def fig_patches() -> plt.Figure:
 @figure
 def fig_clip() -> plt.Figure:
     """Notebook 13: a batch of pictures against its captions, the similarity matrix of CLIP."""
-    from minimind_lib.scenes import caption, make_scene, render
+    from minimind_lib.vision.scenes import caption, make_scene, render
 
     scenes = [make_scene(0, "train", i) for i in (3, 5, 8, 11)]
     n, cell, x0, top = len(scenes), 1.0, 1.9, 4.75
@@ -999,9 +999,9 @@ def fig_clip() -> plt.Figure:
 def fig_vlm() -> plt.Figure:
     """Notebook 13: the VLM's input: the chat prompt with image slots, filled by the frozen
     encoder and the trained projector; the loss on the answer only."""
-    from minimind_lib.scenes import make_scene, render
-    from minimind_lib.vision import CLIPConfig
-    from minimind_lib.vlm import VisionSettings
+    from minimind_lib.vision.scenes import make_scene, render
+    from minimind_lib.vision.clip import CLIPConfig
+    from minimind_lib.vision.recipe import VisionSettings
 
     n, tokens = CLIPConfig().grid, VisionSettings().image_tokens
     fig, ax = canvas(10.5, 4.3)

@@ -1,0 +1,173 @@
+"""The run report of ``python -m minimind_lib all``: ``<root>/report.md`` with the loss curves
+(PNG files in ``<root>/figures/``) and the evaluation tables every stage wrote.
+
+It only reads what the stages left in their folders (``stage.json``, ``metrics.jsonl``,
+``eval.json``, ``formats.md``), so it can be rebuilt at any time::
+
+    python -c "from minimind_lib.course.report import write_report; write_report('runs/cpu')"
+
+A stage that has not run yet gets a line saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.filenames import (
+    EVAL_FILE,
+    FIGURES_DIR,
+    FORMATS_FILE,
+    METRICS_FILE,
+    REPORT_FILE,
+)
+from minimind_lib.course.plotting import plot_metrics, read_metrics
+from minimind_lib.course.stages import STAGES, read_marker
+from minimind_lib.evaluation.model_eval import eval_report, read_eval
+from minimind_lib.evaluation.preferences import PreferenceScores, preference_table
+from minimind_lib.evaluation.questions import question_table
+from minimind_lib.training.dpo import PairCounts, pair_table
+
+TRAINING_STAGES = {  # stage -> extra metrics plotted beside loss and learning rate
+    "pretrain": (),
+    "sft": (),
+    "dpo": ("reward_margin", "reward_accuracy"),
+    "grpo": ("reward", "kl", "response_length"),
+    "lora": (),
+}
+
+
+def _figure(root: Path, stage: str) -> str | None:
+    """Plot ``stage``'s metrics to ``figures/<stage>_loss.png``; its path relative to root."""
+    path = root / stage / METRICS_FILE
+    if not path.is_file():
+        return None
+    rows = read_metrics(path)
+    extra = [k for k in TRAINING_STAGES[stage] if any(k in r for r in rows)]
+    fig = plot_metrics(rows, title=f"{stage} ({len(rows)} steps)", extra=extra)
+    out = root / FIGURES_DIR / f"{stage}_loss.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out.relative_to(root).as_posix()
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _summary(summary: dict) -> str:
+    """The headline numbers of a stage's ``stage.json`` summary."""
+    if "size_bytes" in summary:  # the quantize stage
+        size, ppl = summary["size_bytes"], summary["perplexity"]
+        return (f"int8 {size['int8 (ours)'] / size['fp32']:.2f}x the fp32 bytes; perplexity "
+                f"fp32 {ppl['fp32']:.4g}, int8 {ppl['int8 (ours)']:.4g}")
+    keys = ("steps", "tokens", "final_loss", "final_val_loss")
+    parts = [f"{k} {_fmt(summary[k])}" for k in keys if summary.get(k) is not None]
+    for k, v in (summary.get("preference_accuracy") or {}).items():
+        parts.append(f"{k} acc. {v:.1%}")
+    return ", ".join(parts)
+
+
+def _stage_table(root: Path) -> tuple[str, float]:
+    lines = ["| stage | status | seconds | summary |", "|---|---|---:|---|"]
+    total = 0.0
+    for stage in STAGES.values():
+        marker = read_marker(root / stage.name)
+        if marker is None:
+            if stage.in_all:  # an optional stage (not part of `all`) is listed once it ran
+                lines.append(f"| {stage.name} | not run | | |")
+            continue
+        total += marker["seconds"]
+        lines.append(f"| {stage.name} | done | {marker['seconds']:.0f} | "
+                     f"{_summary(marker['summary'])} |")
+    return "\n".join(lines), total
+
+
+def _dpo_tables(root: Path) -> list[str]:
+    """The DPO stage's on-policy pair counts (when it sampled its pairs) and held-out
+    preference accuracy, as report lines."""
+    saved = json.loads((root / "dpo" / EVAL_FILE).read_text(encoding="utf-8"))
+    out = []
+    if saved.get("pair_counts"):
+        counts = {task: PairCounts(**c) for task, c in saved["pair_counts"].items()}
+        out += ["On-policy pairs (the SFT model's greedy answer and samples, graded by "
+                "exact-match):", "", pair_table(counts), ""]
+    if saved.get("preference"):
+        results = {name.upper(): {task: PreferenceScores(**v) for task, v in res.items()}
+                   for name, res in saved["preference"].items()}
+        out += ["Held-out preference accuracy:", "", preference_table(results), ""]
+    return out
+
+
+def _lora_section(root: Path) -> str:
+    """The lora stage's adapter, loss curve and held-out questions before and after."""
+    summary = read_marker(root / "lora")["summary"]
+    figure = _figure(root, "lora")
+    lines = [f"Rank {summary['rank']} adapters on {', '.join(summary['target_modules'])}: "
+             f"{summary['trainable_parameters']:,} trainable of {summary['total_parameters']:,} "
+             f"parameters ({summary['trainable_parameters'] / summary['total_parameters']:.2%}).",
+             "", f"![lora loss]({figure})" if figure else "(no lora metrics)", ""]
+    if (root / "lora" / EVAL_FILE).is_file():
+        lines += ["Held-out questions of the new task (family `domain`) and of the SFT tasks:",
+                  "", eval_report(read_eval(root / "lora"))]
+    return "\n".join(lines)
+
+
+def write_report(root: str | os.PathLike, profile_name: str | None = None,
+                 wall_seconds: float | None = None) -> Path:
+    """Write ``<root>/report.md`` (and the figures) from the stage folders under ``root``."""
+    root = Path(root)
+    stages, stage_seconds = _stage_table(root)
+    markers = [m for st in STAGES if (m := read_marker(root / st)) is not None]
+    name = profile_name or (markers[0]["fingerprint"]["profile"] if markers else root.name)
+    out = [f"# MiniMind run report: profile `{name}`", "",
+           f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'this machine'} "
+           f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+           f"{torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'}).", "",
+           "## Stages", "", stages, "",
+           f"Stage time, summed: {stage_seconds / 60:.1f} min"
+           + (f"; this command's wall time: {wall_seconds / 60:.1f} min (finished stages are "
+              "reused, not rerun)." if wall_seconds is not None else "."), ""]
+
+    for stage, title in (("pretrain", "Pretraining"), ("sft", "Supervised fine-tuning"),
+                         ("dpo", "DPO"), ("grpo", "GRPO")):
+        if stage == "grpo" and read_marker(root / stage) is None:  # optional: only once it ran
+            continue
+        out += [f"## {title}", ""]
+        figure = _figure(root, stage)
+        out += [f"![{stage} loss]({figure})", ""] if figure else [f"(no {stage} metrics yet)", ""]
+        if stage in ("sft", "dpo", "grpo") and (root / stage / EVAL_FILE).is_file():
+            if stage == "dpo":
+                out += _dpo_tables(root)
+            out += ["Held-out questions (greedy, through the chat template), text perplexity and "
+                    "bits per byte:",
+                    "", eval_report(read_eval(root / stage)), ""]
+
+    out += ["## Quantisation", ""]
+    table = root / "quantize" / FORMATS_FILE
+    if table.is_file():
+        source = read_marker(root / "quantize")["summary"]["source"]
+        out += [f"The `{source}` model in each format, measured on this machine (speed: batch 1, "
+                "greedy, 16 new tokens, median of 3 rounds):", "",
+                table.read_text(encoding="utf-8").strip(), ""]
+        evals = read_eval(root / "quantize")
+        out += ["Held-out questions per format:", "",
+                question_table({k: e.tasks for k, e in evals.items()},
+                               metrics=("exact_match", "format_rate")), ""]
+    else:
+        out += ["(the quantize stage has not run yet)", ""]
+
+    if read_marker(root / "lora") is not None:  # an optional stage: reported once it ran
+        out += ["## LoRA", "", _lora_section(root), ""]
+
+    path = root / REPORT_FILE
+    atomic_write_text(path, "\n".join(out))
+    return path

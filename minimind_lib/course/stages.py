@@ -1,0 +1,633 @@
+"""The course's stages: each turns the previous stage's folder into its own (notebooks 04-08).
+
+This is the stage layer: it imports the concept modules (tokenizer, data, model, train, sft,
+dpo, quantize, formats, evaluate, checkpoint) and never the other way round. A stage is a
+function ``fn(ctx: StageContext) -> dict`` registered with ``@register``: it writes
+``ctx.out_dir`` and returns a json-able summary. ``minimind_lib.course.pipeline.ensure`` runs it (and
+its prerequisites) when its output is missing or stale, and each registered stage is a CLI
+command (``python -m minimind_lib <stage>``). The registry is the one list of stages: its order
+is the stage order everywhere (``all``, the report, the default model of ``serve``).
+
+A new stage goes here::
+
+    @register("lora", requires=("tokenizer", "sft"), starts_from="sft", description="...",
+              in_all=False)
+    def lora_stage(ctx: StageContext) -> dict:
+        base = load_model(ctx.start_dir())      # the sft model, or --init DIR
+        ...                                     # train into ctx.out_dir; return a summary
+
+>>> list(STAGES)
+['tokenizer', 'pretrain', 'sft', 'dpo', 'grpo', 'quantize', 'vision', 'lora']
+>>> STAGES["sft"].requires, STAGES["sft"].starts_from
+(('tokenizer', 'pretrain'), 'pretrain')
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from minimind_lib.core.atomic import atomic_write_text, read_json_lines
+from minimind_lib.core.device import pick_device, pick_precision, seed_everything
+from minimind_lib.core.filenames import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    CLIP_DIR,
+    EVAL_FILE,
+    FORMATS_FILE,
+    MARKER_FILE,
+    MERGED_DIR,
+    METRICS_FILE,
+    PRETOKENIZED_META,
+    RUN_CONFIG_FILE,
+    TOKENIZER_FILE,
+    VLM_DIR,
+)
+from minimind_lib.course.profiles import Profile
+from minimind_lib.data.hanzi_codes import task_records
+from minimind_lib.data.pretraining import load_pretrain_split, tokenize_corpus
+from minimind_lib.data.readers import dataset_files, read_jsonl
+from minimind_lib.evaluation.model_eval import ModelEval, eval_report, evaluate_model
+from minimind_lib.evaluation.precision import formats_table, measure_formats
+from minimind_lib.evaluation.preferences import summarize_preferences
+from minimind_lib.evaluation.questions import (
+    answer_budget,
+    evaluate_sft,
+    load_eval_records,
+    select_per_task,
+    summarize,
+)
+from minimind_lib.model.checkpoint import load_model, save_model
+from minimind_lib.model.decoder import MiniMindForCausalLM
+from minimind_lib.model.hf import TOKENIZER_FILES
+from minimind_lib.model.quantize import FORMAT as INT8_FORMAT
+from minimind_lib.model.quantize import quantize_int8
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer
+from minimind_lib.training.dpo import (
+    DPODataset,
+    evaluate_preferences,
+    held_out_pairs,
+    on_policy_pairs,
+    pair_table,
+    reservoir_sample,
+    train_dpo,
+)
+from minimind_lib.training.grpo import train_grpo
+from minimind_lib.training.loop import init_distributed, train
+from minimind_lib.training.lora import (
+    LoRASettings,
+    add_lora,
+    count_parameters,
+    finetune,
+    merge_lora,
+    save_adapter,
+    with_replay,
+)
+from minimind_lib.training.rollout import Question, select_tasks, verifiable_questions
+from minimind_lib.training.settings import TrainConfig
+from minimind_lib.training.sft import sft_records, train_sft
+from minimind_lib.vision.clip import CLIP, save_clip
+from minimind_lib.vision.recipe import (
+    evaluate_clip,
+    evaluate_vqa,
+    train_clip,
+    train_vlm,
+    vision_eval,
+    vision_table,
+)
+from minimind_lib.vision.vlm import build_vlm, save_vlm
+
+
+@dataclass
+class StageContext:
+    """What a stage function gets: the profile, where to write and how to run."""
+
+    stage: str
+    profile: Profile
+    root: Path  # <root>/<stage>/ for every stage
+    resume: bool = False
+    device: str | None = None
+    precision: str = "auto"
+    progress: bool = True
+    callbacks: list[Callable[[dict], None]] = field(default_factory=list)
+    init: Path | None = None  # --init: the model folder to start from instead of the default
+
+    def dir(self, stage: str) -> Path:
+        """The output folder of ``stage`` (e.g. a prerequisite's)."""
+        return self.root / stage
+
+    def start_dir(self) -> Path:
+        """The model this stage starts from: ``--init`` when given, else the output of the stage
+        it ``starts_from`` (sft: pretrain, dpo: sft, ...)."""
+        if self.init is not None:
+            return self.init
+        default = get_stage(self.stage).starts_from
+        if default is None:
+            raise ValueError(f"stage {self.stage!r} does not start from a model")
+        return self.dir(default)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.dir(self.stage)
+
+    def tokenizer(self) -> BPETokenizer:
+        """The run's tokenizer (the ``tokenizer`` stage's copy)."""
+        return BPETokenizer.from_file(self.dir("tokenizer") / TOKENIZER_FILE)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[StageContext], dict]  # writes ctx.out_dir; returns a json-able summary
+    requires: tuple[str, ...] = ()
+    description: str = ""
+    distributed: bool = False  # True: every torchrun rank runs it; False: rank 0 only
+    sources: Callable[[Profile], list[Path]] | None = None  # files it reads (-> fingerprint)
+    in_all: bool = True  # part of ``python -m minimind_lib all``
+    serves: bool = False  # its folder is a chat model `serve` / `chat` may pick by default
+    starts_from: str | None = None  # the stage whose model it starts from (``--init`` replaces)
+
+    def inputs(self, profile: Profile) -> list[Path]:
+        """The files this stage reads besides its prerequisites' folders (an error naming the
+        ``download`` command when training data is missing)."""
+        return self.sources(profile) if self.sources is not None else []
+
+
+STAGES: dict[str, Stage] = {}
+
+
+def register(name: str, *, requires: tuple[str, ...] = (), description: str = "",
+             distributed: bool = False, sources: Callable[[Profile], list[Path]] | None = None,
+             in_all: bool = True, serves: bool = False, starts_from: str | None = None):
+    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure`` and the CLI).
+    ``starts_from`` (a stage in ``requires``) is the model it builds on, which ``--init``
+    can replace."""
+    def wrap(fn: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
+        missing = [r for r in requires if r not in STAGES]
+        if missing:
+            raise ValueError(f"stage {name!r} requires {missing}, registered after it")
+        if starts_from is not None and starts_from not in requires:
+            raise ValueError(f"stage {name!r} starts from {starts_from!r}, not in its requires")
+        STAGES[name] = Stage(name, fn, requires, description, distributed, sources, in_all,
+                             serves, starts_from)
+        return fn
+    return wrap
+
+
+def get_stage(name: str) -> Stage:
+    """The registered stage ``name``; an unknown name is an error listing the stages."""
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def read_marker(stage_dir: Path) -> dict | None:
+    """The ``stage.json`` of a finished stage, or None."""
+    path = Path(stage_dir) / MARKER_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _training_summary(rows: list[dict]) -> dict:
+    last = rows[-1] if rows else {}
+    return {"steps": last.get("step"), "final_loss": last.get("loss"),
+            "final_val_loss": last.get("val_loss"), "tokens": last.get("tokens"),
+            "metrics": METRICS_FILE}
+
+
+def _write_eval(out_dir: Path, per_task: int, evals: dict[str, ModelEval], **extra: object) -> None:
+    atomic_write_text(out_dir / EVAL_FILE, json.dumps(
+        {"per_task": per_task, **extra,
+         "models": {name: e.to_dict() for name, e in evals.items()}}, indent=2) + "\n")
+
+
+def _evaluate(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext) -> ModelEval:
+    return evaluate_model(model, tokenizer, per_task=ctx.profile.eval_per_task,
+                          seq_len=ctx.profile.sft.seq_len, progress=ctx.progress)
+
+
+def training_data(schema: str) -> Callable[[Profile], list[Path]]:
+    """``sources`` of a stage training on ``schema`` data: the profile's files of that kind."""
+    return lambda profile: dataset_files(schema, profile.data_dir)
+
+
+def _course_tokenizer(_: Profile) -> list[Path]:
+    return sorted(f for f in COURSE_TOKENIZER_DIR.iterdir() if f.is_file())
+
+
+# --- the stages, in order ------------------------------------------------------------------
+
+
+@register("tokenizer", sources=_course_tokenizer,
+          description="copy the course tokenizer (data/tokenizer/) into the run")
+def tokenizer_stage(ctx: StageContext) -> dict:
+    source = COURSE_TOKENIZER_DIR / TOKENIZER_FILE
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: the course tokenizer is missing; rebuild data/ with "
+                                "`make data` (scripts/build_data.py) or train one in notebook 01")
+    for f in _course_tokenizer(ctx.profile):
+        shutil.copyfile(f, ctx.out_dir / f.name)
+    return {"source": str(COURSE_TOKENIZER_DIR)}
+
+
+@register("pretrain", requires=("tokenizer",), distributed=True, sources=training_data("pretrain"),
+          serves=True, description="pretrain the profile's model on the pretraining text")
+def pretrain_stage(ctx: StageContext) -> dict:
+    """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
+    from scratch on its windows, validating on the held-out split."""
+    settings, info = ctx.profile.pretrain, init_distributed()
+    data_dir = ctx.out_dir / "data"
+    if info.is_main:  # one rank tokenises; the others wait, then read the same memmap
+        tokenize_corpus(dataset_files("pretrain", ctx.profile.data_dir),
+                        ctx.dir("tokenizer") / TOKENIZER_FILE,
+                        data_dir, max_examples=settings.max_examples, progress=ctx.progress)
+    if info.world_size > 1:
+        dist.barrier()
+    meta = json.loads((data_dir / PRETOKENIZED_META).read_text())
+    if meta["vocab_size"] > ctx.profile.model.vocab_size:
+        raise ValueError(f"the tokenizer has {meta['vocab_size']} tokens but the profile's model "
+                         f"vocab_size is {ctx.profile.model.vocab_size}")
+    train_set = load_pretrain_split(data_dir, "train", settings.seq_len)
+    has_val = meta["splits"]["val"]["tokens"] > settings.seq_len + 1
+    val_set = load_pretrain_split(data_dir, "val", settings.seq_len) if has_val else None
+
+    seed_everything(ctx.profile.seed)
+    model = MiniMindForCausalLM(ctx.profile.model)
+    config = TrainConfig.from_stage(settings, ctx.profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device,
+                                    seed=ctx.profile.seed, progress=ctx.progress)
+    rows = train(model, train_set, config, eval_dataset=val_set, resume=ctx.resume,
+                 callbacks=ctx.callbacks)
+    if info.is_main:
+        save_model(model.cpu(), ctx.out_dir)
+    return {**_training_summary(rows), "train_windows": len(train_set),
+            "val_windows": len(val_set) if val_set is not None else 0}
+
+
+@register("sft", requires=("tokenizer", "pretrain"), starts_from="pretrain", distributed=True,
+          sources=training_data("sft"), serves=True,
+          description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
+                      "evaluates before and after")
+def sft_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (pretrain) → fine-tuned model in ``ctx.out_dir`` (model.safetensors,
+    config.json, metrics.jsonl, eval.json with the held-out scores before and after)."""
+    profile, info = ctx.profile, init_distributed()
+    tokenizer = ctx.tokenizer()
+    model = load_model(ctx.start_dir())
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the pretrained model's "
+                         f"vocab_size is {model.config.vocab_size}")
+    before = _evaluate(model, tokenizer, ctx) if info.is_main else None
+    run = train_sft(model, tokenizer, profile.sft, seed=profile.seed,
+                    files=dataset_files("sft", profile.data_dir), options=profile.train,
+                    out_dir=ctx.out_dir, resume=ctx.resume, precision=ctx.precision,
+                    device=ctx.device, progress=ctx.progress, callbacks=ctx.callbacks)
+    if not info.is_main:
+        return {}
+    model = model.cpu()
+    save_model(model, ctx.out_dir)
+    evals = {"pretrain": before, "sft": _evaluate(model, tokenizer, ctx)}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals)
+    print(eval_report(evals))
+    return {**_training_summary(run.rows), "examples": run.examples,
+            "skipped": run.skipped, "eval": EVAL_FILE,
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "perplexity": {n: e.perplexity for n, e in evals.items()}}
+
+
+def _dpo_sources(profile: Profile) -> list[Path]:
+    """On-policy DPO samples questions from the SFT data; offline DPO reads the DPO pairs."""
+    return dataset_files("sft" if profile.dpo.pairs == "on_policy" else "dpo", profile.data_dir)
+
+
+@register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=_dpo_sources,
+          serves=True,
+          description="direct preference optimization of the SFT model against its frozen copy, "
+                      "on pairs of its own graded answers (or the offline pairs); evaluates "
+                      "before and after")
+def dpo_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft) → DPO-aligned model in ``ctx.out_dir`` with ``profile.dpo``; the
+    reference is the SFT model, its log-probs precomputed. The pairs are the model's own
+    answers graded by the evaluation's checker (``dpo.on_policy_pairs``; ``dpo.pairs=offline``:
+    the DPO files). Prints the held-out before/after tables: preference accuracy, then
+    exact-match and format rate."""
+    profile, settings = ctx.profile, ctx.profile.dpo
+    tokenizer = ctx.tokenizer()
+    policy = load_model(ctx.start_dir())
+    sft_eval = _start_eval(ctx, policy, tokenizer)
+    train_set, pair_counts = _dpo_pairs(ctx, policy, tokenizer)
+    held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
+
+    config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device, seed=profile.seed,
+                                    progress=ctx.progress)
+    rows = train_dpo(policy, train_set, config, beta=settings.beta,
+                     nll_weight=settings.nll_weight, eval_set=held_out, resume=ctx.resume,
+                     callbacks=ctx.callbacks)
+    prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
+                                 device=ctx.device)
+    policy = policy.cpu()
+    save_model(policy, ctx.out_dir)
+    evals = {"sft": sft_eval, "dpo": _evaluate(policy, tokenizer, ctx)}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals, beta=settings.beta,
+                pairs=settings.pairs, pair_counts=pair_counts, preference=prefs.to_dict())
+    print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
+          + eval_report(evals))
+    before, after = (summarize_preferences(p)["all"] for p in (prefs.sft, prefs.dpo))
+    return {**_training_summary(rows), "pairs": len(train_set), "pair_source": settings.pairs,
+            "dropped": train_set.dropped, "eval": EVAL_FILE,
+            "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
+                                    "dpo_logprob": after.logprob_accuracy,
+                                    "dpo_reward": after.reward_accuracy},
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
+
+
+def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
+               tokenizer: BPETokenizer) -> tuple[DPODataset, dict]:
+    """The DPO stage's training pairs, and (on-policy) what became of the questions per task."""
+    profile, settings = ctx.profile, ctx.profile.dpo
+    if settings.pairs == "offline":
+        # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of
+        # that many instead of tokenising and scoring every pair of a big file (MiniMind's
+        # dpo.jsonl: ~200k pairs; the full profile visits 16,000): the same distribution
+        visited = (None if settings.max_steps is None
+                   else settings.max_steps * settings.batch_size * settings.accumulation_steps)
+        return DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
+                                     settings.seq_len, max_examples=settings.max_examples,
+                                     sample=visited, seed=profile.seed), {}
+    questions = _questions(profile, settings.tasks, settings.questions, "dpo")
+    device = pick_device(ctx.device)
+    precision = pick_precision(device, ctx.precision)
+    policy.to(device)
+    with precision.context(device):
+        train_set, counts = on_policy_pairs(
+            policy, tokenizer, questions, samples=settings.samples,
+            temperature=settings.temperature,
+            max_new_tokens=answer_budget(tokenizer, [{"answer": q.answer} for q in questions]),
+            seq_len=settings.seq_len, pairs_per_question=settings.pairs_per_question,
+            generator=torch.Generator(device).manual_seed(profile.seed), progress=ctx.progress)
+    print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
+    return train_set, {task: asdict(c) for task, c in counts.items()}
+
+
+def _questions(profile: Profile, tasks: str, count: int | None, stage: str) -> list[Question]:
+    """A seeded sample of ``count`` checkable training questions of ``tasks`` (None: all)."""
+    records = (r for path in dataset_files("sft", profile.data_dir) for r in read_jsonl(path, "sft"))
+    questions = verifiable_questions(records, None)
+    if not questions:
+        raise ValueError(f"{stage}: no SFT record carries a 'task', so no answer can be checked "
+                         "(MiniMind's own SFT data has none); train on the bundled data"
+                         + (", or use --set dpo.pairs=offline" if stage == "dpo" else ""))
+    wanted = select_tasks(tasks, {q.task: q.family for q in questions})
+    questions = [q for q in questions if q.task in wanted]
+    return questions if count is None else reservoir_sample(questions, count, profile.seed)
+
+
+def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
+                tokenizer: BPETokenizer) -> ModelEval:
+    """The starting model's held-out record: read from its folder's ``eval.json`` when that
+    scored the same questions (same ``per_task``), else measured now."""
+    start = ctx.start_dir()
+    name = get_stage(ctx.stage).starts_from if ctx.init is None else start.name
+    if (start / EVAL_FILE).is_file():
+        saved = json.loads((start / EVAL_FILE).read_text(encoding="utf-8"))
+        if saved.get("per_task") == ctx.profile.eval_per_task and name in saved.get("models", {}):
+            return ModelEval.from_dict(saved["models"][name])
+    return _evaluate(model, tokenizer, ctx)
+
+
+@register("grpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("sft"),
+          serves=True, in_all=False,
+          description="GRPO with verifiable rewards: groups of sampled answers to checkable "
+                      "questions, rewarded by the exact-match checker; evaluates before and after")
+def grpo_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft, or ``--init DIR``) → GRPO-trained model in ``ctx.out_dir`` with
+    ``profile.grpo`` (``metrics.jsonl``: reward, kl, response_length per step; ``eval.json``:
+    the held-out scores before and after). Not part of ``all``: DPO is the course's default
+    alignment step; GRPO is its RL sibling (notebook 10)."""
+    profile, settings = ctx.profile, ctx.profile.grpo
+    tokenizer = ctx.tokenizer()
+    policy = load_model(ctx.start_dir())
+    questions = _questions(profile, settings.tasks, None, "grpo")
+    # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
+    held_out = verifiable_questions(select_per_task(load_eval_records(),
+                                                    min(50, profile.eval_per_task)), settings.tasks)
+    before = _start_eval(ctx, policy, tokenizer)
+    config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device, seed=profile.seed,
+                                    progress=ctx.progress)
+    train_grpo(policy, tokenizer, questions, settings, config, resume=ctx.resume,
+               held_out=held_out, callbacks=ctx.callbacks)
+    rows = read_json_lines(ctx.out_dir / METRICS_FILE)  # every step, also those before a resume
+    if all(r["signal"] == 0 for r in rows):
+        print(f"grpo: no group ever disagreed (every answer earned the same reward), so nothing "
+              f"was learned: the starting model never answers the tasks {settings.tasks!r} "
+              "right. Start from a model that sometimes does, e.g. --init data/reference/sft")
+    policy = policy.cpu()
+    save_model(policy, ctx.out_dir)
+    evals = {"sft": before, "grpo": _evaluate(policy, tokenizer, ctx)}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
+    print("held-out questions\n" + eval_report(evals))
+    fifth = max(1, len(rows) // 5)
+    return {**_training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
+            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
+                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
+                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}
+
+
+@register("quantize", requires=("tokenizer", "dpo"), starts_from="dpo",
+          description="int8 weight-only quantisation of the DPO model; size, speed and quality "
+                      "of fp32/fp16/bf16/int8")
+def quantize_stage(ctx: StageContext) -> dict:
+    """The ``dpo`` stage's model in int8 (a ``load_model`` folder with the tokenizer files beside
+    it, so ``serve --model`` works on it), and the format table measured on it: ``eval.json``
+    (per format: held-out perplexity and question scores), ``formats.md`` and ``metrics.jsonl``
+    (one row per format: size, prefill and decode speed, perplexity, exact-match)."""
+    source, profile = ctx.start_dir(), ctx.profile
+    model = load_model(source)
+    qmodel = quantize_int8(model)
+    save_model(qmodel, ctx.out_dir)
+    with torch.no_grad():  # what is on disk is what we made (and load_model is strict)
+        probe = torch.arange(min(16, model.config.vocab_size))[None]  # (1, 16)
+        if not torch.equal(load_model(ctx.out_dir)(probe).logits, qmodel(probe).logits):
+            raise RuntimeError(f"{ctx.out_dir}: the reloaded int8 model differs from the saved one")
+    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
+        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):  # the folder is self-contained
+            shutil.copyfile(f, ctx.out_dir / f.name)
+
+    result = measure_formats(model, ctx.tokenizer(), eval_per_task=profile.eval_per_task,
+                             seq_len=profile.sft.seq_len,
+                             prompt_len=min(256, profile.pretrain.seq_len), device=ctx.device,
+                             progress=ctx.progress)
+    rows = result.rows
+    _write_eval(ctx.out_dir, result.per_task, result.evals,
+                perplexity_tokens=result.perplexity_tokens)
+    atomic_write_text(ctx.out_dir / METRICS_FILE,
+                      "".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    table = formats_table(rows)
+    atomic_write_text(ctx.out_dir / FORMATS_FILE, table + "\n")
+    print(table)
+    done = [r for r in rows if not r.note]
+    return {"source": source.name if ctx.init is None else str(source), "format": INT8_FORMAT, "eval": EVAL_FILE, "table": FORMATS_FILE,
+            "size_bytes": {r.name: r.size_bytes for r in done},
+            "perplexity": {r.name: r.metrics["perplexity"] for r in done},
+            "exact_match": {r.name: r.metrics["exact_match"] for r in done},
+            "skipped": {r.name: r.note for r in rows if r.note}}
+
+
+# --- optional stages (not part of `all`) ------------------------------------------------------
+
+@register("vision", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          description="a tiny CLIP on synthetic pictures, then a MiniMind-V style VLM on the SFT "
+                      "model; zero-shot and held-out VQA exact-match (notebook 13)")
+def vision_stage(ctx: StageContext) -> dict:
+    """Train the tiny CLIP (``clip/``), then the VLM on ``ctx.start_dir()`` (the sft model, or
+    ``--init data/reference/sft``) with CLIP's frozen image encoder (``vlm/``: a VLM folder with
+    the tokenizer beside it), and score both on pictures of held-out (colour, shape) pairs:
+    ``eval.json`` (``vlm.vision_eval``) and ``metrics.jsonl`` (both runs' rows, by ``phase``)."""
+    profile, settings = ctx.profile, ctx.profile.vision
+    tokenizer = ctx.tokenizer()
+    lm = load_model(ctx.start_dir())
+    if lm.config.vocab_size < len(tokenizer):
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size "
+                         f"is {lm.config.vocab_size}")
+    run = {"seed": profile.seed, "options": profile.train, "resume": ctx.resume,
+           "precision": ctx.precision, "device": ctx.device, "progress": ctx.progress,
+           "callbacks": ctx.callbacks}
+    seed_everything(profile.seed)
+    clip = CLIP(settings.clip_config(len(tokenizer)))
+    train_clip(clip, tokenizer, settings, out_dir=ctx.out_dir / CLIP_DIR, **run)
+    clip = clip.cpu().eval()
+    save_clip(clip, ctx.out_dir / CLIP_DIR)
+    vlm = build_vlm(lm, clip, settings.merge)
+    train_vlm(vlm, tokenizer, settings, out_dir=ctx.out_dir / VLM_DIR, **run)
+    vlm = vlm.cpu().eval()
+    save_vlm(vlm, ctx.out_dir / VLM_DIR)
+    for f in sorted(ctx.dir("tokenizer").glob("*.json")):  # serve --model finds them
+        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):
+            shutil.copyfile(f, ctx.out_dir / VLM_DIR / f.name)
+    result = vision_eval(evaluate_clip(clip, tokenizer, profile.seed, settings.eval_images),
+                         evaluate_vqa(vlm, tokenizer, profile.seed, settings.eval_images,
+                                      progress=ctx.progress),
+                         eval_images=settings.eval_images, lm=str(ctx.start_dir()))
+    atomic_write_text(ctx.out_dir / EVAL_FILE, json.dumps(result, indent=2) + "\n")
+    rows = [{"phase": phase, **row} for phase in (CLIP_DIR, VLM_DIR)
+            for row in read_json_lines(ctx.out_dir / phase / METRICS_FILE)]
+    atomic_write_text(ctx.out_dir / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    print(vision_table(result))
+    return {key: result[key] for key in ("zero_shot_accuracy", "zero_shot_chance",
+                                         "vqa_exact_match", "vqa_chance")} | {
+        "eval": EVAL_FILE, "metrics": METRICS_FILE, "models": [CLIP_DIR, VLM_DIR],
+        "final_loss": {phase: next(r["loss"] for r in reversed(rows) if r["phase"] == phase)
+                       for phase in (CLIP_DIR, VLM_DIR)}}
+#: Training conversations per task of the lora stage's generated data (minimind_lib.data.hanzi_codes).
+LORA_TRAIN_PER_TASK = 5000
+#: The SFT conversations the lora stage's replay samples from: the first ones of the files.
+REPLAY_POOL = 20_000
+
+
+def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict]:
+    """The lora stage's training conversations: the new task's (``domain.task_records``),
+    plus ``settings.replay`` of them from the profile's SFT data (``lora.with_replay``)."""
+    new = task_records("train", LORA_TRAIN_PER_TASK, profile.seed)
+    if settings.replay == 0:
+        return new
+    old = list(itertools.islice(sft_records(dataset_files("sft", profile.data_dir)),
+                                REPLAY_POOL))
+    return with_replay(new, old, settings.replay, profile.seed)
+
+
+def _lora_eval(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext,
+               measured: ModelEval | None = None) -> ModelEval:
+    """Held-out questions of the new task family (``domain.task_records("eval")``) beside the
+    SFT's held-out tasks, perplexity and bits per byte (``measured``: those, when known)."""
+    base = measured or _evaluate(model, tokenizer, ctx)
+    domain = evaluate_sft(model, tokenizer, task_records("eval", ctx.profile.eval_per_task),
+                          progress=ctx.progress)
+    return ModelEval({**base.tasks, **domain}, base.perplexity, base.bits_per_byte)
+
+
+def _stored_eval(start: Path, per_task: int) -> ModelEval | None:
+    """The start model's own held-out record, when its folder's ``eval.json`` has one over
+    ``per_task`` questions a task: the entry named by its ``stage.json`` (a stage folder), or
+    the only entry (data/reference/sft). Otherwise None: measure it."""
+    path = start / EVAL_FILE
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    models = stored.get("models", {})
+    marker = read_marker(start)
+    name = marker["stage"] if marker else next(iter(models)) if len(models) == 1 else None
+    if stored.get("per_task") != per_task or name not in models:
+        return None
+    return ModelEval.from_dict(models[name])
+
+
+def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCausalLM:
+    """Fold the adapters into the weights and save the result in ``merged/`` (a model folder
+    with the tokenizer files); refuse if it does not compute what the adapted model did."""
+    probe = torch.arange(min(32, model.config.vocab_size))[None]  # (1, 32)
+    with torch.no_grad():
+        adapted = model.eval()(probe).logits  # (1, 32, V)
+        merged = merge_lora(model).eval()
+        # the same sums in another order (x W^T + s x A^T B^T vs x (W + s B A)^T): fp32
+        # rounding, ~1e-6 of the logits' scale; 1e-4 of it flags a real difference
+        tolerance = 1e-4 * max(1.0, adapted.abs().max().item())
+        if (merged(probe).logits - adapted).abs().max().item() > tolerance:
+            raise RuntimeError("the merged model's logits differ from the adapted model's")
+    merged_dir = ctx.out_dir / MERGED_DIR
+    save_model(merged, merged_dir)
+    for name in TOKENIZER_FILES:  # so `serve --model <out>/lora/merged` finds its tokenizer
+        if (ctx.dir("tokenizer") / name).is_file():
+            shutil.copyfile(ctx.dir("tokenizer") / name, merged_dir / name)
+    return merged
+
+
+@register("lora", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          sources=training_data("sft"),
+          description="LoRA fine-tune of the SFT model on a new task (codes read in Chinese "
+                      "numerals and back); the adapter in PEFT's format, the merged model in "
+                      "merged/; evaluates before and after")
+def lora_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft, or ``--init DIR``) + LoRA adapters trained with
+    ``profile.lora`` on the generated task family of ``minimind_lib.data.hanzi_codes`` -> ``ctx.out_dir``:
+    ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT's format), ``merged/`` (the
+    model with the adapters folded in: a ``load_model`` folder, tokenizer files beside it),
+    ``metrics.jsonl`` and ``eval.json`` (the new task's and the SFT tasks' held-out questions,
+    before and after: what was learnt, and what was forgotten)."""
+    profile, settings = ctx.profile, ctx.profile.lora
+    tokenizer, start = ctx.tokenizer(), ctx.start_dir()
+    model = load_model(start)
+    before = _lora_eval(model, tokenizer, ctx, _stored_eval(start, profile.eval_per_task))
+    seed_everything(profile.seed)  # the adapters' random A: the same run, the same start
+    adapted = add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
+                       target_modules=settings.target_modules)
+    counts = count_parameters(model)
+    print(f"LoRA r={settings.rank} on {len(adapted)} projections: {counts}")
+    rows = finetune(model, tokenizer, lora_training_records(settings, profile), settings,
+                    seed=profile.seed,
+                    eval_records=task_records("eval", profile.eval_per_task),
+                    options=profile.train, out_dir=ctx.out_dir, resume=ctx.resume,
+                    precision=ctx.precision, device=ctx.device, progress=ctx.progress,
+                    callbacks=ctx.callbacks)
+    model = model.cpu()
+    save_adapter(model, ctx.out_dir, base_model_name_or_path=str(start))
+    merged = _save_merged(model, ctx)
+    evals = {"sft": before, "lora": _lora_eval(merged, tokenizer, ctx)}
+    adapter = {"rank": settings.rank, "alpha": settings.alpha,
+               "target_modules": list(settings.target_modules),
+               "trainable_parameters": counts.trainable, "total_parameters": counts.total}
+    _write_eval(ctx.out_dir, profile.eval_per_task, evals, adapter=adapter)
+    print(eval_report(evals))
+    return {**_training_summary(rows), **adapter, "eval": EVAL_FILE,
+            "adapter_files": [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE], "merged": MERGED_DIR,
+            "exact_match": {n: {fam: s.exact_match for fam, s in summarize(e.tasks).items()}
+                            for n, e in evals.items()}}

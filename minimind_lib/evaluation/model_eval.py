@@ -1,0 +1,87 @@
+"""One model's held-out scores as a stage writes them (``eval.json``): ``ModelEval`` (the
+question scores, perplexity and bits per byte), ``evaluate_model``, ``read_eval`` and the
+table the report prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from torch import nn
+
+from minimind_lib.core.filenames import EVAL_FILE
+from minimind_lib.evaluation.perplexity import bits_per_byte, perplexity
+from minimind_lib.evaluation.questions import (
+    TaskScores,
+    answer_budget,
+    eval_files,
+    evaluate_sft,
+    load_eval_records,
+    question_table,
+    select_per_task,
+)
+from minimind_lib.tokenizer.bpe import BPETokenizer
+
+# --- one model's held-out record (what the stages write to eval.json) ----------------------
+
+
+@dataclass
+class ModelEval:
+    """One model's held-out scores: per-task question scores, text perplexity and bits per
+    byte (None in an ``eval.json`` written before it was measured)."""
+
+    tasks: dict[str, TaskScores]
+    perplexity: float
+    bits_per_byte: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte,
+                "tasks": {k: asdict(v) for k, v in self.tasks.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelEval:
+        return cls({k: TaskScores(**v) for k, v in d["tasks"].items()}, d["perplexity"],
+                   d.get("bits_per_byte"))
+
+
+def evaluate_model(model: nn.Module, tokenizer: BPETokenizer, *, per_task: int | None,
+                   seq_len: int, progress: bool = True) -> ModelEval:
+    """``evaluate_sft`` on the first ``per_task`` held-out questions of every task, and the
+    perplexity of the held-out pretraining text (``data/eval/pretrain_eval.jsonl``) in windows
+    of ``seq_len`` tokens and its bits per byte (each text cut to ``seq_len`` tokens): the
+    before/after record of the sft, dpo (and later) stages."""
+    questions = select_per_task(load_eval_records(), per_task)
+    tasks = evaluate_sft(model, tokenizer, questions,
+                         max_new_tokens=answer_budget(tokenizer, questions), progress=progress)
+    held_out = eval_files("pretrain")[0]
+    ppl = perplexity(model, tokenizer, held_out, seq_len, progress=progress)
+    bpb = bits_per_byte(model, tokenizer, held_out, context=seq_len, progress=progress)
+    return ModelEval(tasks, ppl, bpb)
+
+
+def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
+    """The models' held-out records in a stage folder's ``eval.json``, by name (the sft stage:
+    {"pretrain": ..., "sft": ...}; dpo: {"sft": ..., "dpo": ...}; quantize: one per format)."""
+    path = Path(stage_dir) / EVAL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (has the stage run?)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return {name: ModelEval.from_dict(d) for name, d in data["models"].items()}
+
+
+def eval_report(evals: Mapping[str, ModelEval]) -> str:
+    """The question table (per task, per model), then perplexity and bits per byte, in markdown.
+
+    >>> tasks = {"t": TaskScores("t", "skill", 1, 1.0, 1.0, 1.0)}
+    >>> print(eval_report({"sft": ModelEval(tasks, 12.345, 1.2345)}).splitlines()[-1])
+    held-out text perplexity: sft 12.3; bits per byte: sft 1.234
+    """
+    ppl = ", ".join(f"{name} {e.perplexity:.1f}" for name, e in evals.items())
+    line = f"held-out text perplexity: {ppl}"
+    if all(e.bits_per_byte is not None for e in evals.values()):
+        line += "; bits per byte: " + ", ".join(f"{name} {e.bits_per_byte:.3f}"
+                                                  for name, e in evals.items())
+    return question_table({name: e.tasks for name, e in evals.items()}) + "\n\n" + line

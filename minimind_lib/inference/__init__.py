@@ -1,0 +1,7 @@
+"""Inference (notebook 08): talking to a model.
+
+* ``chat``: sampling parameters, the token stream, ``ChatSession`` and the terminal chat;
+* ``loading``: a model folder (text or vision) and its tokenizer, ready to talk to;
+* ``serve``: the OpenAI-compatible HTTP server and its chat page;
+* ``export``: a model folder as one GGUF file or a Hugging Face folder.
+"""

@@ -1,0 +1,21 @@
+"""The model (notebooks 02, 03, 07, 11, 12): MiniMind's Llama-style decoder, piece by piece.
+
+* ``config``: ``MiniMindConfig`` (MiniMind's field names) and its checks;
+* ``positions``: RoPE (with PI, NTK and YaRN scaling) and ALiBi;
+* ``attention``: causal multi-head attention with GQA and a KV cache;
+* ``layers``: RMSNorm and the SwiGLU feed-forward;
+* ``moe``: the mixture-of-experts feed-forward and its load-balancing loss;
+* ``decoder``: the block, ``MiniMindForCausalLM``, the loss (``IGNORE_INDEX``), generation;
+* ``sampling``: temperature, top-k and top-p;
+* ``checkpoint``: model folders and training checkpoints; ``quantize``: int8 weight-only layers;
+* ``hf``: to and from ``transformers`` (``to_hf``, ``from_hf``, ``load_pretrained``).
+
+>>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+>>> MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2)).num_parameters()
+504128
+"""
+
+from minimind_lib.model.config import MiniMindConfig
+from minimind_lib.model.decoder import IGNORE_INDEX, MiniMindForCausalLM
+
+__all__ = ["IGNORE_INDEX", "MiniMindConfig", "MiniMindForCausalLM"]

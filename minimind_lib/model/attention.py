@@ -1,0 +1,143 @@
+"""Causal self-attention (notebook 02): grouped-query heads (``repeat_kv``), RoPE or ALiBi
+positions, a KV cache for generation (``LayerCache``), through PyTorch's fused
+``scaled_dot_product_attention`` or the manual path that can return the attention weights.
+
+>>> causal_mask(2, 3).int().tolist()   # 2 new queries after 1 cached key: each sees the past
+[[1, 1, 0], [1, 1, 1]]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minimind_lib.model.config import MiniMindConfig
+from minimind_lib.model.positions import alibi_bias, alibi_slopes, apply_rope
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Grouped-query attention: repeat each of the KV heads ``n_rep`` times (B, Hkv, T, D) →
+    (B, Hkv*n_rep, T, D), so query head ``h`` reads KV head ``h // n_rep``.
+
+    >>> repeat_kv(torch.arange(2.0).view(1, 2, 1, 1), 3).flatten().tolist()
+    [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    """
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def causal_mask(n_queries: int, n_keys: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (Tq, Tk) mask, True where a query may attend.  The queries are the LAST
+    ``n_queries`` positions of the ``n_keys`` (bottom-right aligned), as in KV-cache decoding.
+
+    subtle: ``F.scaled_dot_product_attention(is_causal=True)`` aligns its mask top-left,
+    which is only right when ``n_queries == n_keys``.
+
+    >>> causal_mask(2, 3).int().tolist()
+    [[1, 1, 0], [1, 1, 1]]
+    """
+    ones = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=n_keys - n_queries)
+
+
+# One layer's cache: keys and values so far, each (B, Hkv, T_past, D).
+LayerCache = tuple[Tensor, Tensor]
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with grouped-query heads, RoPE and a KV cache.
+
+    ``softmax(q kᵀ / √d + mask) v`` per head (Vaswani et al. 2017, eq. 1); ``n_heads``
+    query heads share ``n_kv_heads`` key/value heads (GQA, Ainslie et al. 2023).
+    ``use_sdpa`` picks PyTorch's fused ``F.scaled_dot_product_attention`` (fast) or the
+    readable manual path of notebook 02 (same numbers within float rounding).
+    ``config.position_encoding`` "rope" rotates q and k; "alibi" adds ``alibi_bias`` to the
+    scores instead of the causal mask (to SDPA as an additive float mask); "none" does neither.
+    """
+
+    def __init__(self, config: MiniMindConfig, use_sdpa: bool = True) -> None:
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.dropout = config.dropout
+        self.use_sdpa = use_sdpa
+        c, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(c, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, c, bias=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.position_encoding = config.position_encoding
+        if self.position_encoding == "alibi":
+            # non-persistent: rebuilt from the config, never in a checkpoint
+            self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)  # (H,)
+
+    def forward(
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None, past: LayerCache | None = None
+    ) -> tuple[Tensor, LayerCache]:
+        """``x`` (B, T, C); ``cos``/``sin`` (T, D) for the T new positions (None without RoPE);
+        ``past`` the cache of earlier positions.  Returns the output (B, T, C) and the cache
+        extended by T."""
+        B, T, _ = x.shape
+        q, k, v = self._project(x, cos, sin)
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)  # (B, Hkv, Tk, D)
+            v = torch.cat((past[1], v), dim=2)  # (B, Hkv, Tk, D)
+        dropout = self.dropout if self.training else 0.0
+        if self.use_sdpa:
+            y = self._sdpa(q, k, v, dropout)
+        else:
+            y = self._manual(q, k, v, dropout)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
+        return self.resid_dropout(self.o_proj(y)), (k, v)
+
+    def weights(self, x: Tensor, cos: Tensor | None, sin: Tensor | None) -> Tensor:
+        """The causal attention probabilities (B, H, T, T) for ``x`` (B, T, C), no cache
+        (what the heatmaps of notebook 02 show)."""
+        q, k, _ = self._project(x, cos, sin)
+        return self._weights(q, repeat_kv(k, self.n_heads // self.n_kv_heads), 0.0)
+
+    def _project(
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.position_encoding != "rope":
+            return q, k, v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        tq, tk = q.shape[2], k.shape[2]
+        if self.position_encoding == "alibi":
+            bias = alibi_bias(self.slopes, tq, tk).to(q.dtype)  # (H, Tq, Tk), causal -inf in it
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )  # (B, H, T, D)
+        # subtle: one new query sees every cached key (no mask); a prefill with no cache uses
+        # is_causal; any other chunk needs the explicit bottom-right mask (see causal_mask).
+        mask = None if tq == 1 or tq == tk else causal_mask(tq, tk, q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=tq == tk and tq > 1,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # (B, H, T, D)
+
+    def _manual(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, D)
+        return self._weights(q, k, dropout) @ v  # (B, H, Tq, D)
+
+    def _weights(self, q: Tensor, k: Tensor, dropout: float) -> Tensor:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
+        if self.position_encoding == "alibi":
+            scores = scores.float() + alibi_bias(self.slopes, q.shape[2], k.shape[2])
+        else:
+            mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (Tq, Tk)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
+        return F.dropout(weights, p=dropout, training=dropout > 0)

@@ -1,0 +1,465 @@
+"""Interop with Hugging Face ``transformers``: MiniMind IS a Llama (notebook 03).
+
+Our parameter names equal ``LlamaForCausalLM``'s, so conversion is a config translation
+plus a strict ``load_state_dict``.  Three Llama defaults differ from MiniMind's and are
+set explicitly: ``rms_norm_eps`` (1e-6 there, 1e-5 here), the RoPE theta (10,000 there,
+1e6 here) and ``tie_word_embeddings`` (False there, True here).
+
+RoPE scaling (notebook 12) exports as Llama's ``rope_type`` "linear" or "yarn", and
+``to_hf`` checks that transformers builds the same frequencies.  What a Llama cannot
+express is refused with a ValueError naming the setting: MoE layers (``use_moe``; save
+those with ``checkpoint.save_model``), ALiBi or no position encoding, NTK-aware scaling
+(transformers only has the *dynamic* variant, whose base changes with the input length).
+
+``save_pretrained`` writes a folder that ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load offline: config.json, model.safetensors and the
+course tokenizer (tokenizer.json + tokenizer_config.json with the ChatML chat template).
+
+>>> from minimind_lib.model.config import MiniMindConfig
+>>> from minimind_lib.model.decoder import MiniMindForCausalLM
+>>> from minimind_lib.model.positions import rope_frequencies
+>>> config = MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+...                         num_attention_heads=4, num_key_value_heads=2,
+...                         max_position_embeddings=32)
+>>> ours = MiniMindForCausalLM(config).eval()
+>>> theirs = to_hf(ours)
+>>> ids = torch.tensor([[1, 2, 3]])
+>>> torch.allclose(ours(ids).logits, theirs(ids).logits, atol=1e-5)
+True
+>>> from_hf(theirs).config == config
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from minimind_lib.core.filenames import CONFIG_FILE
+from minimind_lib.model.config import MiniMindConfig
+from minimind_lib.model.decoder import MiniMindForCausalLM
+from minimind_lib.model.positions import rope_frequencies
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, bytes_to_unicode
+from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START, SPECIAL_TOKENS
+
+#: Token ids of the pad, bos and eos tokens (the specials' fixed ids, minimind_lib.tokenizer).
+PAD_ID, BOS_ID, EOS_ID = (SPECIAL_TOKENS.index(t) for t in (END_OF_TEXT, IM_START, IM_END))
+#: Copied from the tokenizer folder by ``save_pretrained`` (the first two are required).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_exportable(config: MiniMindConfig) -> None:
+    """Raise ValueError naming the first setting of ``config`` a Llama cannot express.
+
+    >>> check_exportable(MiniMindConfig(use_moe=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot express use_moe=True as a transformers Llama (it has one dense FFN ...
+    """
+    if config.use_moe:
+        raise ValueError("cannot express use_moe=True as a transformers Llama (it has one dense "
+                         "FFN per layer); save the model with minimind_lib.model.checkpoint.save_model "
+                         "instead")
+    if config.position_encoding != "rope":
+        raise ValueError(f"cannot express position_encoding={config.position_encoding!r} as a "
+                         "transformers Llama (it always rotates q and k with RoPE)")
+    if config.rope_scaling is not None and config.rope_scaling["type"] == "ntk":
+        raise ValueError("cannot express rope_scaling type 'ntk' as a transformers Llama "
+                         "(transformers has only 'dynamic' NTK, whose base follows the input "
+                         "length); use 'yarn' or 'linear'")
+
+
+def _rope_parameters(config: MiniMindConfig) -> dict:
+    """Llama's ``rope_parameters`` for ``config``: scaling only where ours applies (the table
+    is longer than the original length), since transformers applies it unconditionally."""
+    params = {"rope_type": "default", "rope_theta": config.rope_theta}
+    scaling = config.rope_scaling
+    if scaling is None or config.max_position_embeddings <= scaling[
+            "original_max_position_embeddings"]:
+        return params
+    if scaling["type"] == "linear":
+        return {**params, "rope_type": "linear", "factor": float(scaling["factor"])}
+    keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow")
+    return {**params, "rope_type": "yarn", **{k: scaling[k] for k in keys},
+            "attention_factor": float(scaling["attention_factor"])}
+
+
+def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
+    """The ``transformers.LlamaConfig`` describing the same network as ``config``."""
+    from transformers import LlamaConfig
+
+    check_exportable(config)
+
+    return LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings,
+        # subtle: these three defaults differ between Llama and MiniMind
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters=_rope_parameters(config),
+        tie_word_embeddings=config.tie_word_embeddings,
+        attention_dropout=config.dropout,
+        attention_bias=False,
+        mlp_bias=False,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        attn_implementation=attn_implementation,
+    )
+
+
+def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):
+    """A ``transformers.LlamaForCausalLM`` with ``model``'s weights (identical logits).
+
+    ``attn_implementation`` is "sdpa" or "eager" (HF's manual path).  Dropout inside the
+    residual stream has no Llama equivalent, so ``model.config.dropout`` must be 0 for
+    training-mode equality (eval mode is always equal).  Configs a Llama cannot express
+    raise ValueError (``check_exportable``).
+    """
+    from transformers import LlamaForCausalLM
+
+    hf_model = LlamaForCausalLM(hf_config(model.config, attn_implementation))
+    _check_same_rope(model.config, hf_model)
+    hf_model.load_state_dict(model.state_dict(), strict=True)
+    dtype = next(model.parameters()).dtype
+    return hf_model.to(dtype=dtype, device=model.lm_head.weight.device).train(model.training)
+
+
+def _check_same_rope(config: MiniMindConfig, hf_model) -> None:
+    """Refuse an export whose RoPE frequencies transformers computes differently (its YaRN
+    clamps the ramp's upper end at D - 1, MiniMind's at D/2 - 1: they differ only when the
+    interpolated band would reach past the last pair)."""
+    rotary = hf_model.model.rotary_emb
+    ours, factor = rope_frequencies(config.head_dim, config.rope_theta,
+                                    config.max_position_embeddings, config.rope_scaling)
+    # float32 pow/log of the same numbers on both sides: 1e-6 relative covers the rounding
+    if not (torch.allclose(rotary.inv_freq.float(), ours, rtol=1e-6, atol=0)
+            and abs(rotary.attention_scaling - factor) < 1e-9):
+        raise ValueError(f"transformers' {rotary.rope_type!r} RoPE differs from ours for "
+                         f"rope_scaling={config.rope_scaling} (head_dim {config.head_dim}); "
+                         "cannot export it as a Llama")
+
+
+def _rope_scaling_from_hf(c) -> dict | None:
+    """Our ``rope_scaling`` for a Llama config's ``rope_parameters`` (None: plain RoPE)."""
+    rope = dict(c.rope_parameters or {})
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return None
+    if kind == "linear":
+        # transformers applies it at every length; ours once the table is longer than the
+        # original length, which any original below max_position_embeddings satisfies
+        original = max(1, int(c.max_position_embeddings / rope["factor"]))
+        return {"type": "linear", "factor": rope["factor"],
+                "original_max_position_embeddings": original}
+    extras = {k: rope[k] for k in ("mscale", "mscale_all_dim") if rope.get(k)}
+    if kind != "yarn" or extras or rope.get("truncate") is False:
+        raise ValueError(f"cannot convert Llama config: rope_parameters={rope} (MiniMind "
+                         "supports rope_type 'default', 'linear' and 'yarn' without mscale)")
+    factor = rope["factor"]
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:  # transformers' default: the paper's 0.1 ln(s) + 1
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return {"type": "yarn", "factor": factor,
+            "original_max_position_embeddings": rope["original_max_position_embeddings"],
+            "beta_fast": rope.get("beta_fast") or 32, "beta_slow": rope.get("beta_slow") or 1,
+            "attention_factor": float(attention_factor)}
+
+
+def from_hf(hf_model) -> MiniMindForCausalLM:
+    """A ``MiniMindForCausalLM`` with the weights of a ``transformers.LlamaForCausalLM``.
+
+    Llama variants MiniMind cannot express (biases, another activation, a head_dim that
+    is not hidden/heads, RoPE scaling other than "linear" or "yarn") raise ValueError naming
+    the setting.
+    """
+    c = hf_model.config
+    rope = dict(c.rope_parameters or {})
+    unsupported = {
+        "attention_bias": (getattr(c, "attention_bias", False), False),
+        "mlp_bias": (getattr(c, "mlp_bias", False), False),
+        "hidden_act": (c.hidden_act, "silu"),
+        "head_dim": (c.head_dim, c.hidden_size // c.num_attention_heads),
+    }
+    for name, (value, wanted) in unsupported.items():
+        if value != wanted:
+            raise ValueError(f"cannot convert Llama config: {name}={value!r} "
+                             f"(MiniMind needs {wanted!r})")
+    config = MiniMindConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_theta=float(rope["rope_theta"]),
+        rms_norm_eps=c.rms_norm_eps,
+        dropout=float(c.attention_dropout),
+        tie_word_embeddings=bool(c.tie_word_embeddings),
+        rope_scaling=_rope_scaling_from_hf(c),
+    )
+    hf_weight = hf_model.lm_head.weight
+    model = MiniMindForCausalLM(config).to(dtype=hf_weight.dtype, device=hf_weight.device)
+    model.load_state_dict(hf_model.state_dict(), strict=True)
+    return model.train(hf_model.training)
+
+
+def save_pretrained(
+    model: MiniMindForCausalLM,
+    directory: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike | None = COURSE_TOKENIZER_DIR,
+) -> Path:
+    """Write a Hugging Face folder: config.json, model.safetensors, generation_config.json,
+    and (unless ``tokenizer_dir`` is None) the tokenizer files of ``tokenizer_dir``.
+
+    The folder is built next to ``directory`` and renamed into place, so a failure never
+    leaves a half-written model behind.  Load it with ``from_pretrained`` or with
+    ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` (offline).
+    """
+    directory = Path(directory)
+    tok_files = _tokenizer_files(Path(tokenizer_dir)) if tokenizer_dir is not None else []
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        to_hf(model).save_pretrained(staging)
+        for src in tok_files:
+            shutil.copy2(src, staging / src.name)
+        _replace_dir(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def from_pretrained(directory: str | os.PathLike) -> MiniMindForCausalLM:
+    """Load a ``save_pretrained`` folder (or any compatible Llama folder) offline."""
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    if not (directory / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{directory / CONFIG_FILE} not found: not a model folder")
+    hf_model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
+                                                    dtype=torch.float32)
+    return from_hf(hf_model)
+
+
+class ByteLevelTokenizer:
+    """A Hugging Face byte-level BPE tokenizer (GPT-2's kind: MiniMind, Qwen, Llama 3, ...)
+    seen through the two methods ``evaluate.bits_per_byte`` needs, so a Hugging Face model and
+    its own tokenizer can be compared with ours on the same text.
+
+    >>> from transformers import AutoTokenizer
+    >>> from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, load_tokenizer
+    >>> theirs = ByteLevelTokenizer(AutoTokenizer.from_pretrained(COURSE_TOKENIZER_DIR))
+    >>> text = "hi <|im_end|> 你好"
+    >>> theirs.encode_batch([text], allowed_special=set())[0] == load_tokenizer().encode(
+    ...     text, allowed_special=set())
+    True
+    >>> b"".join(theirs.token_bytes(i) for i in theirs.encode_batch([text], set())[0]).decode()
+    'hi <|im_end|> 你好'
+    """
+
+    def __init__(self, hf_tokenizer) -> None:
+        name = getattr(hf_tokenizer, "name_or_path", "") or "the tokenizer"
+        backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
+        if "ByteLevel" not in json.dumps(decoder):
+            raise ValueError(f"{name}: not a byte-level BPE tokenizer (decoder {decoder!r}); "
+                             "bits per byte needs each token's exact bytes, supported: byte-level "
+                             "BPE (GPT-2, MiniMind, Qwen, Llama 3)")
+        self.hf = hf_tokenizer
+        self._byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        self._added = {i: t.content for i, t in hf_tokenizer.added_tokens_decoder.items()}
+
+    def encode_batch(self, texts: Sequence[str], allowed_special: set[str]) -> list[list[int]]:
+        """Ids of ``texts``; special-token strings stay plain text (``allowed_special=set()``)."""
+        if allowed_special != set():
+            raise ValueError("ByteLevelTokenizer encodes special-token strings as plain text "
+                             "only (allowed_special=set())")
+        return self.hf(list(texts), add_special_tokens=False,
+                       split_special_tokens=True)["input_ids"]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for."""
+        if token_id in self._added:
+            return self._added[token_id].encode("utf-8")
+        token = self.hf.convert_ids_to_tokens(token_id)
+        return bytes(self._byte_of[c] for c in token)
+
+
+def _tokenizer_files(tokenizer_dir: Path) -> list[Path]:
+    required = TOKENIZER_FILES[:2]
+    missing = [name for name in required if not (tokenizer_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"tokenizer folder {tokenizer_dir} lacks {', '.join(missing)} "
+            "(build it with notebook 01 / `python -m minimind_lib tokenizer`, "
+            "or pass tokenizer_dir=None to save the model only)")
+    return [tokenizer_dir / n for n in TOKENIZER_FILES if (tokenizer_dir / n).is_file()]
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move folder ``new`` to ``target``, replacing an existing ``target`` only at the end."""
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(new, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(new, target)
+
+
+# --- MiniMind's own weights in our model -------------------------------------------------------
+
+#: MiniMind's defaults for what a bare ``.pth`` state dict cannot tell (MiniMindConfig in its
+#: model/model_minimind.py): 8 query heads, RoPE theta 1e6, RMSNorm eps 1e-5, 32k positions
+MINIMIND_DEFAULTS = {"num_attention_heads": 8, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 32768}
+#: keys some exports carry that are not weights (RoPE tables): rebuilt from the config here
+_NOT_WEIGHTS = ("rotary_emb.inv_freq", "freqs_cos", "freqs_sin")
+_HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+                   "rms_norm_eps", "tie_word_embeddings")
+#: MiniMind's MoE fields (its ``model_type: minimind`` config.json uses the same names as ours)
+_MOE_KEYS = ("use_moe", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+             "scoring_func", "aux_loss_alpha", "seq_aux", "norm_topk_prob")
+
+
+def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForCausalLM:
+    """A ``MiniMindForCausalLM`` from any of the places MiniMind weights live:
+
+    * one of our stage folders (``checkpoint.load_model``);
+    * a ``transformers`` folder: a Llama export (MiniMind exports MiniMind2-Small with
+      ``LlamaForCausalLM.save_pretrained``) or MiniMind's own ``model_type: minimind`` format,
+      both with Llama's parameter names: ``config.json`` + ``model.safetensors`` (or
+      ``pytorch_model.bin``);
+    * a MiniMind ``.pth`` state dict (fp16, Llama names; dense or MoE), its config inferred
+      from the tensor shapes, with MiniMind's defaults for what shapes cannot say
+      (``MINIMIND_DEFAULTS``; pass e.g. ``num_attention_heads=16`` or ``num_experts_per_tok=1``
+      to differ);
+    * a Hub repo id such as ``jingyaogong/MiniMind2-Small`` (fetched by ``download``, offline
+      from the hub cache with ``HF_HUB_OFFLINE=1``).
+
+    Weights are loaded strictly (a missing or unexpected tensor is an error) in fp32.
+    """
+    path = Path(source)
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file() and "model_type" not in _read_json(path / CONFIG_FILE):
+            from minimind_lib.model.checkpoint import load_model
+
+            return load_model(path)
+        return _from_transformers_folder(path)
+    if path.is_file():
+        return _from_state_dict(_load_tensors(path), str(path), **config)
+    if str(source).count("/") == 1 and not str(source).startswith((".", "/")):
+        from minimind_lib.core.download import ARTIFACTS, download
+
+        name = str(source).split("/")[1]
+        folder = download("model", ARTIFACTS["model"].default_dir.parent / name, repo_id=str(source))
+        return _from_transformers_folder(folder)
+    raise FileNotFoundError(f"{source}: not a folder, a weights file or a Hub repo id "
+                            "(owner/name)")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a ``.safetensors``, ``.pth`` / ``.pt`` / ``.bin`` file (pickle-free loading)."""
+    if path.suffix == ".safetensors":
+        import safetensors.torch
+
+        return safetensors.torch.load_file(str(path))
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torch pickle we refuse to run, or not a torch file at all
+        raise ValueError(f"{path}: not a tensor file torch can load safely ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        data = data["model"]  # a training checkpoint: {"model": state_dict, ...}
+    if not isinstance(data, dict) or not all(torch.is_tensor(v) for v in data.values()):
+        raise ValueError(f"{path}: expected a state dict (name -> tensor)")
+    return data
+
+
+def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
+    hf = _read_json(folder / CONFIG_FILE)
+    if hf.get("model_type") not in ("llama", "minimind"):
+        raise ValueError(f"{folder / CONFIG_FILE}: model_type {hf.get('model_type')!r} is not "
+                         "a Llama-style model MiniMind can load (llama, minimind)")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ValueError(f"{folder / CONFIG_FILE}: scaled RoPE {rope} is not supported")
+    fields_ = {k: hf[k] for k in _HF_CONFIG_KEYS + _MOE_KEYS if hf.get(k) is not None}
+    fields_["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 1e4)))
+    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()]
+    if not weights:
+        raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    return _build(MiniMindConfig(**fields_), _load_tensors(weights[0]), str(weights[0]))
+
+
+def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
+                     **overrides: object) -> MiniMindForCausalLM:
+    """Infer a ``MiniMindConfig`` from the tensor shapes, then load them."""
+    try:
+        vocab, hidden = tensors["model.embed_tokens.weight"].shape
+        layers = 1 + max(int(k.split(".")[2]) for k in tensors if k.startswith("model.layers."))
+        q_out = tensors["model.layers.0.self_attn.q_proj.weight"].shape[0]
+        k_out = tensors["model.layers.0.self_attn.k_proj.weight"].shape[0]
+        moe = _moe_fields(tensors)
+        inter = tensors["model.layers.0.mlp." + ("experts.0." if moe else "")
+                        + "gate_proj.weight"].shape[0]
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{source}: not a MiniMind / Llama state dict (missing {e})") from None
+    values = {**MINIMIND_DEFAULTS, **moe, **overrides}
+    head_dim = q_out // values["num_attention_heads"]
+    tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"],
+                                                         tensors["model.embed_tokens.weight"])
+    config = MiniMindConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                            num_key_value_heads=k_out // head_dim, intermediate_size=inter,
+                            tie_word_embeddings=tied, **values)
+    return _build(config, tensors, source)
+
+
+def _moe_fields(tensors: dict[str, torch.Tensor]) -> dict[str, object]:
+    """A MiniMind MoE state dict (``mlp.gate`` + ``mlp.experts.N``) -> its config fields; the
+    top-k is not in the tensors (MiniMind's default 2 unless given)."""
+    prefix = "model.layers.0.mlp."
+    if prefix + "gate.weight" not in tensors:
+        return {}
+
+    def count(group: str) -> int:
+        return len({k.split(".")[5] for k in tensors if k.startswith(prefix + group + ".")})
+
+    return {"use_moe": True, "n_routed_experts": tensors[prefix + "gate.weight"].shape[0],
+            "n_shared_experts": count("shared_experts")}
+
+
+def _build(config: MiniMindConfig, tensors: dict[str, torch.Tensor],
+           source: str) -> MiniMindForCausalLM:
+    state = {k: v.float() for k, v in tensors.items() if not k.endswith(_NOT_WEIGHTS)}
+    if config.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    model = MiniMindForCausalLM(config)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())
+        raise ValueError(f"{source} does not fit {config}: {detail}") from None
+    return model.eval()

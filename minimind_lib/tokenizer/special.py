@@ -1,0 +1,28 @@
+"""The special tokens (ids 0, 1, 2) and MiniMind2's Jinja chat template that spells them: the
+only home of these strings in the library (``tests/test_layout.py`` checks it).
+"""
+
+from __future__ import annotations
+
+#: The special tokens, ids 0, 1, 2 (the only home of these strings in the library).
+END_OF_TEXT = "<|endoftext|>"  # ends a document in the pretraining stream; also the pad token
+IM_START = "<|im_start|>"  # opens a chat turn: <|im_start|>role\ncontent<|im_end|>
+IM_END = "<|im_end|>"  # closes a chat turn: the chat model's stop token
+SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END]
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant"
+
+#: MiniMind2's Jinja chat template (its tool-calling branch left out), saved in
+#: tokenizer_config.json so ``transformers``' ``apply_chat_template`` renders the same text.
+CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else -%}"
+    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if not (loop.first and message['role'] == 'system') -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}{%- endif -%}"
+)

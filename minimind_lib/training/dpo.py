@@ -1,0 +1,548 @@
+"""Direct Preference Optimization: sequence log-probs, the DPO loss, pairs, the stage (notebook 06).
+
+DPO (Rafailov et al. 2023, "Direct Preference Optimization: Your Language Model is Secretly a
+Reward Model") aligns a model with preference pairs ``(x, y_w, y_l)`` -- a prompt, a preferred
+("chosen") and a dispreferred ("rejected") answer -- without a reward model or RL. The optimum
+of the KL-regularised RLHF objective (eq. 3) is ``pi*(y|x) = pi_ref(y|x) exp(r(x,y) / beta) / Z(x)``
+(eq. 4); solved for the reward, ``r(x,y) = beta log pi*(y|x)/pi_ref(y|x) + beta log Z(x)``
+(eq. 5), and put into the Bradley-Terry preference model, ``Z`` cancels, leaving a plain
+classification loss on the policy (eq. 7)::
+
+    L = -log sigmoid( beta * [log pi(y_w|x)/pi_ref(y_w|x) - log pi(y_l|x)/pi_ref(y_l|x)] )
+
+The pieces, one function each:
+
+1. ``sequence_logprobs``: ``log pi(y|x)``, summed over the answer tokens only;
+2. ``dpo_loss``: eq. 7 plus the implicit rewards ``beta log pi/pi_ref`` of both answers;
+3. ``DPODataset`` / ``collate_pairs``: pairs tokenised with the SFT answer-only mask
+   (``minimind_lib.data.conversations.sft_example``), chosen and rejected stacked into one batch;
+4. ``DPOLoss``: the loss function the training engine (``minimind_lib.training.loop.train``) calls,
+   against a frozen reference model or reference log-probs computed once beforehand;
+5. ``train_dpo``, and the held-out evaluation; the ``dpo`` stage (``minimind_lib.course.stages``,
+   ``python -m minimind_lib dpo``) runs them on the SFT model.
+
+>>> loss, chosen, rejected = dpo_loss(torch.tensor([-5.0]), torch.tensor([-9.0]),
+...                                   torch.tensor([-6.0]), torch.tensor([-8.0]), beta=0.1)
+>>> chosen.item(), round(rejected.item(), 6)   # beta * (policy - reference) per answer
+(0.10000000149011612, -0.1)
+>>> round(loss.item(), 4)                       # -log sigmoid(0.1 - (-0.1))
+0.5981
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from minimind_lib.core.device import Precision, pick_device, pick_precision
+from minimind_lib.core.filenames import EVAL_FILE
+from minimind_lib.data.conversations import pad_sft_batch, sft_example
+from minimind_lib.data.readers import read_jsonl
+from minimind_lib.evaluation.model_eval import ModelEval, read_eval
+from minimind_lib.evaluation.preferences import (
+    PreferenceScores,
+    preference_table,
+    score_preferences,
+)
+from minimind_lib.evaluation.questions import eval_files, select_per_task
+from minimind_lib.model.decoder import IGNORE_INDEX
+from minimind_lib.tokenizer.bpe import BPETokenizer
+from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
+from minimind_lib.training.logprobs import _answer_counts, frozen_copy, sequence_logprobs
+from minimind_lib.training.loop import train
+from minimind_lib.training.rollout import Question, Sample, is_correct, sample_answers
+from minimind_lib.training.settings import TrainConfig, TrainSettings
+
+T = TypeVar("T")
+PAIR_SOURCES = ("on_policy", "offline")  # DPOSettings.pairs
+#: one tokenised pair: chosen ids, chosen labels, rejected ids, rejected labels, task, family
+PairExample = tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int], str | None,
+                    str | None]
+
+
+@dataclass(frozen=True)
+class DPOSettings(TrainSettings):
+    """A DPO run's hyper-parameters: the training ones, plus ``beta``, the strength of the KL
+    anchor to the reference (eq. 3's beta: larger keeps the policy closer to it), and where the
+    pairs come from.
+
+    ``pairs="on_policy"``: ``questions`` training questions of the ``tasks`` named (task or
+    family names, ``rollout.select_tasks``; a seeded sample), each answered greedily plus
+    ``samples - 1`` times at ``temperature`` by the starting model, paired right vs wrong
+    (``on_policy_pairs``). ``pairs="offline"``: the bundled (or MiniMind's) DPO pairs.
+    ``nll_weight``: the weight of the chosen answers' NLL added to the loss (``DPOLoss``)."""
+
+    beta: float = 0.1
+    pairs: str = "on_policy"
+    samples: int = 4
+    temperature: float = 1.0
+    questions: int | None = 2000
+    tasks: str = "skill"
+    nll_weight: float = 0.0
+    pairs_per_question: int = 1  # on-policy: the chosen answer against up to this many wrong ones
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta <= 0:
+            raise ValueError(f"DPOSettings.beta must be positive, got {self.beta}")
+        if self.pairs not in PAIR_SOURCES:
+            raise ValueError(f"DPOSettings.pairs is {self.pairs!r}; choose one of "
+                             f"{', '.join(PAIR_SOURCES)}")
+        if self.samples < 2:
+            raise ValueError(f"DPOSettings.samples must be at least 2 (the greedy answer and "
+                             f"one sample), got {self.samples}")
+        if self.temperature <= 0 or self.nll_weight < 0:
+            raise ValueError(f"DPOSettings: temperature must be positive and nll_weight >= 0, "
+                             f"got {self.temperature} and {self.nll_weight}")
+        if self.pairs_per_question < 1:
+            raise ValueError(f"DPOSettings.pairs_per_question must be at least 1, got "
+                             f"{self.pairs_per_question}")
+        if self.questions is not None and self.questions <= 0:
+            raise ValueError(f"DPOSettings.questions must be positive or None, got "
+                             f"{self.questions}")
+
+
+# --- 2. the loss -----------------------------------------------------------------------
+
+
+def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
+             ref_rejected: Tensor, beta: float = 0.1) -> tuple[Tensor, Tensor, Tensor]:
+    """DPO loss (Rafailov et al. 2023, eq. 7) and the implicit rewards of both answers.
+
+    Inputs are summed log-probs ``log pi(y|x)``, each (B,). The implicit reward of an answer
+    is ``beta * log pi(y|x)/pi_ref(y|x)`` (eq. 5 without the prompt-only ``beta log Z(x)``,
+    which cancels in a pair); the loss is ``-log sigmoid(r_chosen - r_rejected)``, the
+    Bradley-Terry likelihood of the preference, averaged over the batch. Returns
+    ``(loss, chosen_rewards (B,), rejected_rewards (B,))``, the rewards detached (for logging).
+    When the policy equals the reference every reward is 0 and the loss is ``ln 2``.
+
+    >>> x = torch.tensor([-3.0, -7.0])
+    >>> loss, rc, rr = dpo_loss(x, x - 1, x, x - 1)     # policy == reference
+    >>> round(loss.item(), 6), rc.tolist(), rr.tolist()        # ln 2 = 0.693147...
+    (0.693147, [0.0, 0.0], [0.0, 0.0])
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    chosen_rewards = beta * (policy_chosen - ref_chosen)  # (B,)
+    rejected_rewards = beta * (policy_rejected - ref_rejected)  # (B,)
+    # subtle: logsigmoid, not log(sigmoid(.)): exact for large margins, where sigmoid rounds to 1
+    loss = -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+    return loss, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+# --- 3. preference pairs ---------------------------------------------------------------
+
+
+class DPODataset(Dataset):
+    """Preference pairs tokenised with the SFT answer-only mask (``data.sft_example``).
+
+    Each record is ``{"chosen": [messages], "rejected": [messages]}`` whose messages agree up
+    to the last (assistant) one: the same prompt ``x``, two answers. Item ``i`` holds both
+    sequences and their labels (-100 everywhere but the answer content and its ``<|im_end|>``),
+    plus ``ref_logps`` (2,) once reference log-probs are attached (``set_reference``).
+    Pairs whose answer is cut off entirely by ``seq_len`` are dropped (counted in
+    ``dropped``): with no answer token left there is nothing to prefer.
+    ``tasks`` / ``families`` keep each pair's ``"task"`` / ``"family"`` (None when absent).
+    """
+
+    def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int,
+                 source: str = "records"):
+        examples = []
+        for n, record in enumerate(records, start=1):
+            chosen, rejected = record["chosen"], record["rejected"]
+            if chosen[:-1] != rejected[:-1]:
+                raise ValueError(f"{source}: record {n}: 'chosen' and 'rejected' must share the "
+                                 "prompt (every message but the last assistant answer)")
+            examples.append((*sft_example(tokenizer, chosen, seq_len),
+                             *sft_example(tokenizer, rejected, seq_len),
+                             record.get("task"), record.get("family")))
+        self._fill(examples, tokenizer.token_to_id(END_OF_TEXT), f"{source} (seq_len={seq_len})")
+
+    @classmethod
+    def from_examples(cls, examples: Iterable[PairExample], pad_id: int,
+                      source: str = "examples") -> DPODataset:
+        """Pairs already tokenised: ``(chosen_ids, chosen_labels, rejected_ids, rejected_labels,
+        task, family)`` with SFT-style labels (e.g. the model's own sampled answers:
+        ``on_policy_pairs``)."""
+        dataset = cls.__new__(cls)
+        dataset._fill(examples, pad_id, source)
+        return dataset
+
+    def _fill(self, examples: Iterable[PairExample], pad_id: int, source: str) -> None:
+        self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.tasks: list[str | None] = []
+        self.families: list[str | None] = []
+        self.dropped = 0
+        self.pad_id = pad_id
+        for *sides, task, family in examples:
+            c_ids, c_labels, r_ids, r_labels = (torch.as_tensor(t, dtype=torch.long) for t in sides)
+            if not ((c_labels[1:] != IGNORE_INDEX).any() and (r_labels[1:] != IGNORE_INDEX).any()):
+                self.dropped += 1
+                continue
+            self.pairs.append((c_ids, c_labels, r_ids, r_labels))
+            self.tasks.append(task)
+            self.families.append(family)
+        if not self.pairs:
+            raise ValueError(f"{source}: no usable preference pair ({self.dropped} pairs had "
+                             "their answers cut off)")
+        self.ref_logps: Tensor | None = None  # (N, 2): reference log pi of chosen, rejected
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str | Path], tokenizer: BPETokenizer, seq_len: int, *,
+                   max_examples: int | None = None, sample: int | None = None,
+                   seed: int = 0) -> DPODataset:
+        """The first ``max_examples`` pairs (None: all) of DPO jsonl ``paths``, validated; with
+        ``sample``, a seeded uniform sample of that many of them (``reservoir_sample``)."""
+        records = itertools.islice(
+            itertools.chain.from_iterable(read_jsonl(p, "dpo") for p in paths), max_examples)
+        if sample is not None:
+            records = reservoir_sample(records, sample, seed)
+        return cls(records, tokenizer, seq_len, source=", ".join(str(p) for p in paths))
+
+    def set_reference(self, ref_logps: Tensor) -> None:
+        """Attach reference log-probs (N, 2) (``pair_logprobs(reference, self)``): batches then
+        carry them and the reference model is not needed during training."""
+        if ref_logps.shape != (len(self), 2):
+            raise ValueError(f"ref_logps must have shape ({len(self)}, 2), got {tuple(ref_logps.shape)}")
+        self.ref_logps = ref_logps.detach().float().cpu()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        c_ids, c_labels, r_ids, r_labels = self.pairs[i]
+        item = {"chosen_input_ids": c_ids, "chosen_labels": c_labels,
+                "rejected_input_ids": r_ids, "rejected_labels": r_labels}
+        if self.ref_logps is not None:
+            item["ref_logps"] = self.ref_logps[i]  # (2,)
+        return item
+
+    def collate(self, items: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """``collate_pairs`` with this tokenizer's pad id (``train(..., collate_fn=ds.collate)``)."""
+        return collate_pairs(items, self.pad_id)
+
+
+def reservoir_sample(items: Iterable[T], k: int, seed: int) -> list[T]:
+    """``k`` items drawn uniformly without replacement from a stream of unknown length, kept in
+    stream order (Vitter 1985, "Random Sampling with a Reservoir", Algorithm R); all items
+    when there are at most ``k``. Memory: ``k`` items, never the whole stream.
+
+    >>> reservoir_sample(range(10), 4, seed=0), reservoir_sample("abc", 5, seed=0)
+    ([1, 2, 5, 6], ['a', 'b', 'c'])
+    """
+    rng = random.Random(seed)
+    kept: list[tuple[int, T]] = []
+    for i, item in enumerate(items):
+        if i < k:
+            kept.append((i, item))
+        elif (j := rng.randrange(i + 1)) < k:  # item i stays with probability k / (i + 1)
+            kept[j] = (i, item)
+    return [item for _, item in sorted(kept, key=lambda pair: pair[0])]
+
+
+def collate_pairs(items: Sequence[dict[str, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:
+    """Stack B pairs into one batch of 2B rows: the B chosen sequences, then the B rejected.
+
+    Rows are right-padded like SFT batches (``data.pad_sft_batch``: ``pad_id``, labels -100),
+    so one forward pass scores both answers of every pair. ``pad_id`` 0 is ``<|endoftext|>``.
+
+    >>> item = {"chosen_input_ids": torch.tensor([5, 6, 7]), "chosen_labels": torch.tensor([-100, 6, 7]),
+    ...         "rejected_input_ids": torch.tensor([5, 8]), "rejected_labels": torch.tensor([-100, 8])}
+    >>> batch = collate_pairs([item])
+    >>> batch["input_ids"].tolist(), batch["labels"].tolist()
+    ([[5, 6, 7], [5, 8, 0]], [[-100, 6, 7], [-100, 8, -100]])
+    """
+    rows = [{"input_ids": it[f"{side}_input_ids"], "labels": it[f"{side}_labels"]}
+            for side in ("chosen", "rejected") for it in items]
+    batch = pad_sft_batch(rows, pad_id)  # (2B, T) each
+    if "ref_logps" in items[0]:
+        ref = torch.stack([it["ref_logps"] for it in items])  # (B, 2)
+        batch["ref_logps"] = torch.cat([ref[:, 0], ref[:, 1]])  # (2B,) in row order
+    return batch
+
+
+@torch.no_grad()
+def pair_logprobs(model: nn.Module, dataset: DPODataset, *, batch_size: int = 32,
+                  device: str | torch.device | None = None, precision: str | Precision = "auto",
+                  average: bool = False) -> Tensor:
+    """``log pi(y|x)`` of both answers of every pair, (N, 2) = [chosen, rejected], in order.
+
+    Runs ``model`` in eval mode without gradients (its mode is restored afterwards). Used for
+    the reference log-probs (``DPODataset.set_reference``) and for preference accuracy.
+    """
+    device = pick_device(device) if device is None or isinstance(device, str) else device
+    precision = precision if isinstance(precision, Precision) else pick_precision(device, precision)
+    was_training = model.training
+    model.to(device).eval()
+    out = []
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=dataset.collate):
+        with precision.context(device):
+            logps = sequence_logprobs(model, batch["input_ids"].to(device),
+                                      batch["labels"].to(device), average)  # (2b,)
+        out.append(torch.stack(logps.float().cpu().chunk(2), dim=1))  # (b, 2)
+    model.train(was_training)
+    return torch.cat(out)  # (N, 2)
+
+
+# --- 3b. on-policy pairs: the model's own answers, graded -------------------------------
+
+
+def pick_pair(correct: Sequence[bool]) -> tuple[int | None, int] | None:
+    """Which of a question's graded samples make its pair: ``(chosen, rejected)`` indices, or
+    None when every sample is right.
+
+    * rejected: the first wrong sample. ``on_policy_pairs`` puts the greedy answer first, so
+      when the greedy answer (the one the evaluation sees) is wrong, it is the one pushed down;
+    * chosen: the first right sample, or None when no sample is right (then the caller uses
+      the reference answer: the right answer the model could not find itself);
+    * every sample right: no pair. A pair of two right answers teaches nothing the grader
+      cares about, and the question is already solved; the budget goes to the others.
+
+    >>> pick_pair([False, True, False]), pick_pair([True, False, True]), pick_pair([False] * 3)
+    ((1, 0), (0, 1), (None, 0))
+    >>> pick_pair([True, True]) is None
+    True
+    """
+    wrong = [i for i, ok in enumerate(correct) if not ok]
+    if not wrong:
+        return None
+    right = [i for i, ok in enumerate(correct) if ok]
+    return (right[0] if right else None), wrong[0]
+
+
+@dataclass
+class PairCounts:
+    """What ``on_policy_pairs`` made of one task's questions (or all: task "all")."""
+
+    questions: int = 0
+    pairs: int = 0  # (several per question with pairs_per_question > 1)
+    sampled_chosen: int = 0  # pairs whose chosen answer is one of the model's own
+    reference_chosen: int = 0  # pairs whose chosen answer is the reference (no sample right)
+    all_right: int = 0  # questions without a pair: every sample was right
+    greedy_right: int = 0  # questions the greedy answer got right
+    too_long: int = 0  # pairs dropped: prompt + answer longer than seq_len
+
+
+def on_policy_pairs(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question], *,
+                    samples: int, temperature: float, max_new_tokens: int, seq_len: int,
+                    pairs_per_question: int = 1, generator: torch.Generator | None = None,
+                    progress: bool = False) -> tuple[DPODataset, dict[str, PairCounts]]:
+    """Preference pairs from the model's own answers (on-policy DPO, notebook 06).
+
+    For every question: the greedy answer plus ``samples - 1`` answers sampled at
+    ``temperature`` (``rollout.sample_answers``), graded with the evaluation's checker
+    (``rollout.is_correct``), paired by ``pick_pair``; a chosen answer the model did not find
+    is the reference (its ids as ``data.sft_example`` tokenises it). ``pairs_per_question`` > 1
+    pairs the same chosen answer with further *different* wrong answers too (in sample order),
+    more pairs for the same sampling cost. Every pair is scored on the exact ids the model
+    generated. Returns the dataset and per-task ``PairCounts``.
+    """
+    if samples < 2:
+        raise ValueError(f"samples must be at least 2 (the greedy answer and one sample), got {samples}")
+    greedy = sample_answers(model, tokenizer, questions, 1, max_new_tokens=max_new_tokens,
+                            temperature=0.0, progress=progress)
+    sampled = sample_answers(model, tokenizer, questions, samples - 1,
+                             max_new_tokens=max_new_tokens, temperature=temperature,
+                             generator=generator, progress=progress)
+    end_turn = tokenizer.token_to_id(IM_END)
+    counts: dict[str, PairCounts] = defaultdict(PairCounts)
+    examples: list[PairExample] = []
+    for q, group in zip(questions, (g + s for g, s in zip(greedy, sampled, strict=True)),
+                        strict=True):
+        count = counts[q.task]
+        count.questions += 1
+        correct = [is_correct(s.answer, q.answer) for s in group]
+        count.greedy_right += correct[0]
+        picked = pick_pair(correct)
+        if picked is None:
+            count.all_right += 1
+            continue
+        chosen = (group[picked[0]].response if picked[0] is not None
+                  else tokenizer.encode(q.answer, allowed_special=set()) + [end_turn])
+        for rejected in _rejected(group, correct, pairs_per_question):
+            if len(rejected.prompt) + max(len(chosen), len(rejected.response)) > seq_len:
+                count.too_long += 1
+                continue
+            count.pairs += 1
+            count.sampled_chosen += picked[0] is not None
+            count.reference_chosen += picked[0] is None
+            examples.append((rejected.prompt + chosen,
+                             [IGNORE_INDEX] * len(rejected.prompt) + chosen,
+                             rejected.prompt + rejected.response, rejected.labels(), q.task,
+                             q.family))
+    counts["all"] = PairCounts(*(sum(getattr(c, f.name) for c in counts.values())
+                                 for f in fields(PairCounts)))
+    return DPODataset.from_examples(examples, tokenizer.token_to_id(END_OF_TEXT),
+                                    "on-policy pairs"), dict(counts)
+
+
+def _rejected(group: Sequence[Sample], correct: Sequence[bool], limit: int) -> list[Sample]:
+    """The first ``limit`` wrong answers of a group with different token ids, in order (the
+    first is ``pick_pair``'s rejected one)."""
+    out: list[Sample] = []
+    for sample, ok in zip(group, correct, strict=True):
+        if not ok and len(out) < limit and all(sample.response != o.response for o in out):
+            out.append(sample)
+    return out
+
+
+def pair_table(counts: dict[str, PairCounts]) -> str:
+    """``on_policy_pairs``' counts as a markdown table, one row per task, then "all".
+
+    >>> print(pair_table({"t": PairCounts(4, 3, 2, 1, 1, 2, 0)}))
+    | task | questions | greedy right | every sample right (no pair) | pairs | chosen: own answer | chosen: reference |
+    |---|---:|---:|---:|---:|---:|---:|
+    | t | 4 | 2 | 1 | 3 | 2 | 1 |
+    """
+    lines = ["| task | questions | greedy right | every sample right (no pair) | pairs | "
+             "chosen: own answer | chosen: reference |", "|---|" + "---:|" * 6]
+    for task, c in counts.items():
+        lines.append(f"| {task} | {c.questions} | {c.greedy_right} | {c.all_right} | {c.pairs} | "
+                     f"{c.sampled_chosen} | {c.reference_chosen} |")
+    return "\n".join(lines)
+
+
+@dataclass
+class DPOLoss:
+    """``loss_fn`` for ``minimind_lib.training.loop.train``: the DPO loss of a ``collate_pairs`` batch.
+
+    The reference log-probs come from the batch (``"ref_logps"``, precomputed) or, when absent,
+    from ``reference`` run under ``torch.no_grad``. Metrics logged per optimizer step:
+    ``reward_accuracy`` (share of pairs whose chosen reward is higher), ``reward_margin``
+    (mean chosen - rejected reward), ``chosen_reward`` / ``rejected_reward`` (means) and the
+    policy's mean ``chosen_logp`` / ``rejected_logp``.
+
+    ``nll_weight`` > 0 adds ``nll_weight`` times the chosen answers' negative log-likelihood
+    per token (the SFT loss on the chosen side; logged as ``nll``): DPO + NLL, as in Pang et al.
+    2024, "Iterative Reasoning Preference Optimization" (eq. 1). DPO alone only asks for a
+    *margin*, and often lowers the chosen answer's own probability along with the rejected one;
+    on pairs graded right / wrong that costs exactly the greedy answers the grader checks.
+    """
+
+    beta: float = 0.1
+    reference: nn.Module | None = None
+    average: bool = False  # length-normalised log-probs (see sequence_logprobs)
+    nll_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"DPOLoss.beta must be positive, got {self.beta}")
+        if self.nll_weight < 0:
+            raise ValueError(f"DPOLoss.nll_weight must be >= 0, got {self.nll_weight}")
+
+    def __call__(self, model: nn.Module, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
+        input_ids, labels = batch["input_ids"], batch["labels"]  # (2B, T) each
+        logps = sequence_logprobs(model, input_ids, labels, self.average)  # (2B,)
+        if "ref_logps" in batch:
+            ref_logps = batch["ref_logps"]  # (2B,)
+        elif self.reference is not None:
+            self.reference.to(input_ids.device)  # a no-op once it is there
+            with torch.no_grad():
+                ref_logps = sequence_logprobs(self.reference, input_ids, labels, self.average)
+        else:
+            raise ValueError("DPOLoss needs a reference model or batches with 'ref_logps' "
+                             "(DPODataset.set_reference)")
+        policy_chosen, policy_rejected = logps.chunk(2)  # (B,) each
+        ref_chosen, ref_rejected = ref_logps.chunk(2)
+        loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen,
+                                          ref_rejected, self.beta)
+        metrics = {"reward_accuracy": (chosen > rejected).float().mean(),
+                   "reward_margin": (chosen - rejected).mean(),
+                   "chosen_reward": chosen.mean(), "rejected_reward": rejected.mean(),
+                   "chosen_logp": policy_chosen.detach().mean(),
+                   "rejected_logp": policy_rejected.detach().mean()}
+        if self.nll_weight > 0:
+            chosen_tokens = _answer_counts(labels.chunk(2)[0])  # (B,)
+            nll = -(policy_chosen if self.average else policy_chosen / chosen_tokens).mean()
+            loss = loss + self.nll_weight * nll
+            metrics["nll"] = nll.detach()
+        return loss, metrics
+
+
+def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
+              beta: float = 0.1, nll_weight: float = 0.0, reference: nn.Module | None = None,
+              precompute_reference: bool = True, eval_set: DPODataset | None = None,
+              resume: bool = False,
+              callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
+    """DPO-train ``policy`` in place with the training engine; return its metrics rows.
+
+    ``reference`` defaults to ``policy`` as it is now (the SFT model). With
+    ``precompute_reference=True`` every pair is scored by the reference once, before training,
+    and the log-probs are attached to the datasets: each step then runs one forward pass
+    instead of two, and no second model is kept in memory (with the default reference it is
+    never even copied: the policy scores the pairs before its first update). Otherwise the
+    reference is a frozen copy (``frozen_copy``) run on every batch.
+    """
+    reference = reference if reference is not None else policy
+    if precompute_reference:
+        device = pick_device(config.device)
+        precision = pick_precision(device, config.precision)
+        for dataset in (train_set, eval_set):
+            if dataset is not None:
+                dataset.set_reference(pair_logprobs(reference, dataset, device=device,
+                                                    precision=precision))
+        loss_fn = DPOLoss(beta, nll_weight=nll_weight)
+    else:
+        loss_fn = DPOLoss(beta, frozen_copy(reference), nll_weight=nll_weight)
+    return train(policy, train_set, config, loss_fn=loss_fn, eval_dataset=eval_set,
+                 collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
+
+
+# --- 5. held-out evaluation ------------------------------------------------------------
+
+
+def held_out_pairs(tokenizer: BPETokenizer, seq_len: int,
+                   per_task: int | None = None) -> DPODataset:
+    """The held-out preference pairs (``data/eval/dpo_eval*.jsonl``): the first ``per_task``
+    of every task. No held-out prompt occurs in any training file."""
+    records = [r for path in eval_files("dpo") for r in read_jsonl(path, "dpo")]
+    return DPODataset(select_per_task(records, per_task), tokenizer, seq_len,
+                      source="held-out DPO pairs")
+
+
+@dataclass
+class PreferenceEval:
+    """Held-out preference accuracy of the SFT model (log-prob) and the DPO model (log-prob and
+    implicit reward), and both models' exact-match / format rate (``evaluate.ModelEval``)."""
+
+    sft: dict[str, PreferenceScores]
+    dpo: dict[str, PreferenceScores]
+
+    def table(self) -> str:
+        return preference_table({"SFT": self.sft, "DPO": self.dpo})
+
+    def to_dict(self) -> dict:
+        """What the dpo stage writes under ``eval.json``'s ``"preference"``."""
+        return {name: {k: asdict(v) for k, v in res.items()}
+                for name, res in (("sft", self.sft), ("dpo", self.dpo))}
+
+
+def evaluate_preferences(policy: nn.Module, pairs: DPODataset, reference_logps: Tensor, *,
+                         precision: str = "auto", device: str | None = None) -> PreferenceEval:
+    """Preference accuracy on ``pairs`` before (``reference_logps``: the SFT model's) and after."""
+    logps = pair_logprobs(policy, pairs, device=device, precision=precision)  # (N, 2)
+    return PreferenceEval(score_preferences(pairs.tasks, pairs.families, reference_logps),
+                          score_preferences(pairs.tasks, pairs.families, logps, reference_logps))
+
+
+def read_dpo_eval(stage_dir: str | Path) -> tuple[PreferenceEval, dict[str, ModelEval]]:
+    """The ``eval.json`` of a ``dpo`` stage folder: preference accuracy, and the SFT and DPO
+    models' held-out question scores ({"sft": ..., "dpo": ...})."""
+    path = Path(stage_dir) / EVAL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (run the dpo stage first)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    prefs = {name: {k: PreferenceScores(**v) for k, v in res.items()}
+             for name, res in data["preference"].items()}
+    return PreferenceEval(prefs["sft"], prefs["dpo"]), read_eval(stage_dir)

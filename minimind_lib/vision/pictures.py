@@ -1,0 +1,57 @@
+"""Pictures in transit: an image array as a ``data:image/png;base64,...`` URL and back, as the
+OpenAI API sends them to the server (``image_url`` parts).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+import numpy as np
+
+# --- pictures over HTTP ----------------------------------------------------------------------
+
+
+def data_url(image: np.ndarray) -> str:
+    """An RGB picture (H, W, 3) uint8 as a PNG ``data:`` URL, the form OpenAI's chat API takes
+    a local picture in (``{"type": "image_url", "image_url": {"url": ...}}``)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_from_data_url(url: str, size: int) -> np.ndarray:
+    """The picture of a ``data:image/...;base64,...`` URL as (size, size, 3) uint8 RGB, resized
+    when it is another size; anything else (a web link, broken base64, bytes that are no
+    picture) is a ``ValueError`` saying which. Links are refused: the server fetches nothing.
+
+    >>> from minimind_lib.vision.scenes import make_scene, render
+    >>> picture = render(make_scene(0, "held_out", 0))
+    >>> bool((image_from_data_url(data_url(picture), 64) == picture).all())
+    True
+    >>> image_from_data_url("https://example.com/cat.png", 64)
+    Traceback (most recent call last):
+    ...
+    ValueError: image_url must be a data URL (data:image/png;base64,...); this server fetches ...
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    head, comma, payload = url.partition(",")
+    if not (head.startswith("data:image/") and head.endswith(";base64") and comma):
+        raise ValueError("image_url must be a data URL (data:image/png;base64,...); this server "
+                         "fetches no links")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except binascii.Error as e:
+        raise ValueError(f"image_url: the base64 data is damaged ({e})") from None
+    try:
+        with Image.open(io.BytesIO(raw)) as opened:
+            picture = opened.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"image_url: the data is not a picture ({e})") from None
+    if picture.size != (size, size):
+        picture = picture.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(picture, dtype=np.uint8)

@@ -295,6 +295,37 @@ def test_train_grpo_logs_reward_kl_and_length_and_resumes_exactly(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+class Interrupt(Exception):
+    pass
+
+
+def test_grpo_resume_is_bit_exact_on_cpu(tmp_path):
+    """Killed after step 3 (a checkpoint at 2), resumed: steps 3-4 sample, reward and update
+    exactly as the uninterrupted run did. Dropout makes the restored RNG streams matter (GRPO's
+    own loop saved none before it ran on the shared engine)."""
+    settings = _settings(policy_epochs=2)
+    config = TrainConfig.from_stage(settings, out_dir=tmp_path / "a", precision="fp32",
+                                    progress=False, seed=3)
+    whole = tiny_model(dropout=0.1)
+    rows = train_grpo(whole, TOK, QUESTIONS, settings, config)
+
+    def kill_after_step_3(row):
+        if row["step"] == 3:
+            raise Interrupt
+
+    killed = replace(config, out_dir=tmp_path / "b")
+    with pytest.raises(Interrupt):
+        train_grpo(tiny_model(dropout=0.1), TOK, QUESTIONS, settings, killed,
+                   callbacks=[kill_after_step_3])
+    resumed = tiny_model(dropout=0.1)  # the starting weights: the reference is the start model
+    rest = train_grpo(resumed, TOK, QUESTIONS, settings, killed, resume=True)
+    assert [r["step"] for r in rest] == [3, 4]
+    for key in ("reward", "loss", "grad_norm", "kl", "response_length", "tokens"):
+        assert [r[key] for r in rest] == [r[key] for r in rows[2:]], key  # exact
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_settings_and_question_errors():
     with pytest.raises(ValueError, match="group_size must be at least 2"):
         _settings(group_size=1)

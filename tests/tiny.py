@@ -7,13 +7,15 @@ from torch import nn
 
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 
+#: the tiny model's config: one layer, hidden 32, 2 heads, 1 KV head, the course vocabulary
+TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            max_position_embeddings=256)
 
-def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
-    """A seeded one-layer model (hidden 32, 2 heads, 1 KV head) over the course vocabulary."""
+
+def tiny_model(seed: int = 0, **config: object) -> MiniMindForCausalLM:
+    """A seeded tiny model (``TINY``; ``config`` changes any field, e.g. ``dropout=0.1``)."""
     torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, num_key_value_heads=1,
-                                              max_position_embeddings=256))
+    return MiniMindForCausalLM(MiniMindConfig(**{**TINY, **config}))
 
 
 def noisy(model: nn.Module, std: float = 0.5) -> nn.Module:

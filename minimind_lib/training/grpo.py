@@ -27,10 +27,11 @@ style of Stanford CS336 assignment 5):
 4. ``aggregate``: per-token values -> one number, ``"sequence"`` (GRPO's ``1/|o_i|``) or
    ``"constant"`` (Dr. GRPO: sum over tokens / ``max_new_tokens``);
 5. ``grpo_loss``: ``-J`` from per-token log-probs; ``GRPOLoss`` is the ``loss_fn`` the
-   engine's ``train.train_step`` calls;
-6. ``train_grpo``: sample groups (``rollout.sample_answers``), reward them with the
-   evaluation's checker (``rollout.verifiable_reward``), update; one metrics row per step
-   with ``reward``, ``kl`` and ``response_length``. The ``grpo`` stage runs it.
+   engine's ``loop.train_step`` calls;
+6. ``GRPOStep``: the step the shared engine (``loop.train``) repeats: sample groups
+   (``rollout.sample_answers``), reward them with the evaluation's checker
+   (``rollout.verifiable_reward``), update; ``train_grpo`` runs it, one metrics row per step
+   with ``reward``, ``kl`` and ``response_length``. The ``grpo`` stage runs that.
 
 **Length normalisation (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like Training").**
 GRPO's ``1/|o_i|`` gives every answer the same total weight, however long: a long *wrong*
@@ -51,29 +52,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from minimind_lib.core.device import Precision, pick_device, pick_precision, seed_everything
-from minimind_lib.core.filenames import METRICS_FILE
+from minimind_lib.core.device import Precision
 from minimind_lib.data.conversations import pad_sft_batch
-from minimind_lib.model.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT
 from minimind_lib.training.logprobs import frozen_copy, token_logprobs
-from minimind_lib.training.loop import (
-    MetricsLog,
-    StepBatchSampler,
-    TrainingDiverged,
-    make_optimizer,
-    train_step,
-)
+from minimind_lib.training.loop import StepResult, TrainRun, train, train_step
 from minimind_lib.training.rollout import (
     REWARDS,
     Question,
@@ -325,23 +317,7 @@ def attach_logprobs(model: nn.Module, batches: list[dict[str, Tensor]], key: str
     model.train(was_training)
 
 
-# --- 7. the loop -------------------------------------------------------------------------------
-
-
-@dataclass
-class _GRPOState:
-    """What the loop carries from step to step."""
-
-    policy: nn.Module
-    reference: nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    device: torch.device
-    precision: Precision
-    data_pos: dict  # what a resumed run must share with this one
-    start_step: int = 0
-    tokens_seen: int = 0
-    elapsed0: float = 0.0
+# --- 7. the step the engine repeats -------------------------------------------------------------
 
 
 def fitting_questions(tokenizer: BPETokenizer, questions: Sequence[Question],
@@ -352,65 +328,99 @@ def fitting_questions(tokenizer: BPETokenizer, questions: Sequence[Question],
             if len(encode_chat(tokenizer, q.messages, add_generation_prompt=True)) <= room]
 
 
+def question_batch(questions: list[Question]) -> list[Question]:
+    """The ``collate_fn`` of a question stream: a micro-batch is the list of its questions."""
+    return questions
+
+
+class GRPOStep:
+    """The engine's step for GRPO (``loop.BatchStep``'s sibling): one sampling round and its
+    ``policy_epochs`` optimizer steps.
+
+    It takes the next ``batch_size * accumulation_steps`` questions of the run's stream (the
+    engine orders questions as it orders any dataset: a seeded permutation per pass), samples a
+    group of answers per question with the current policy (a generator seeded by (seed, step),
+    so a resumed run samples exactly what an uninterrupted one would), rewards and normalises
+    them, scores them under the frozen ``reference``, then runs ``loop.train_step`` on them
+    ``policy_epochs`` times. ``train`` does the rest: learning rate, logging, validation,
+    checkpoints and bit-exact resume (RNG states included)."""
+
+    desc = "grpo"
+
+    def __init__(self, tokenizer: BPETokenizer, settings: GRPOSettings, config: TrainConfig,
+                 reference: nn.Module | None) -> None:
+        self.tokenizer, self.settings, self.reference = tokenizer, settings, reference
+        self.seed, self.grad_clip = config.seed, config.grad_clip
+        self.batch_size, self.accumulation_steps = config.batch_size, config.accumulation_steps
+        self.loss_fn = GRPOLoss(settings.clip_eps, settings.kl_beta, settings.length_norm,
+                                settings.max_new_tokens, settings.temperature)
+
+    def __call__(self, run: TrainRun, step: int) -> StepResult:
+        if run.info.world_size > 1:
+            raise ValueError("GRPO runs in one process (its rollouts are not split across "
+                             "ranks); start it without torchrun")
+        settings, t0 = self.settings, time.perf_counter()
+        questions = [q for _ in range(self.accumulation_steps) for q in next(run.batches)]
+        generator = torch.Generator(run.device).manual_seed(self.seed * 1_000_003 + step)
+        with run.precision.context(run.device):
+            ro = rollout(run.model, self.tokenizer, questions, settings, generator)
+        # subtle: a group whose answers all earn the same reward has advantage 0: its only
+        # gradient is the KL term's, which is ~0 near the reference. Skipping such groups (DAPO's
+        # "dynamic sampling" without the resampling) saves most of an update when the policy
+        # is mostly right
+        kept = ro.with_signal() if settings.skip_flat_groups else ro
+        trained = kept if kept.groups else ro
+        batches = rollout_batches(trained, self.batch_size,
+                                  self.tokenizer.token_to_id(END_OF_TEXT))
+        if self.reference is not None:
+            attach_logprobs(self.reference, batches, "ref_logps", run.device, run.precision,
+                            settings.temperature)
+        if settings.policy_epochs > 1:  # pi_old: the policy that sampled, before any update
+            attach_logprobs(run.model, batches, "old_logps", run.device, run.precision,
+                            settings.temperature)
+        t1 = time.perf_counter()
+        results = [train_step(run.forward, iter(batches), run.optimizer, run.scaler, run.params,
+                              self.loss_fn, accumulation_steps=len(batches),
+                              grad_clip=self.grad_clip, precision=run.precision,
+                              device=run.device)
+                   for _ in range(settings.policy_epochs)]
+        values = {k: sum(r.values[k] for r in results) / len(results) for k in results[0].values}
+        return StepResult({**ro.stats(), **values, "trained_groups": len(trained.groups),
+                           "sample_s": t1 - t0, "update_s": time.perf_counter() - t1},
+                          sum(r.tokens for r in results), all(r.finite for r in results))
+
+    @staticmethod
+    def postfix(row: dict) -> dict[str, str]:
+        return {"reward": f"{row['reward']:.3f}", "kl": f"{row.get('kl', 0.0):.4f}",
+                "length": f"{row['response_length']:.1f}"}
+
+
 def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
                settings: GRPOSettings, config: TrainConfig, *, resume: bool = False,
                held_out: Sequence[Question] = (),
                callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
     """GRPO-train ``policy`` in place on ``questions``; return this call's metrics rows.
 
-    Each of ``config.max_steps`` steps: take the next ``batch_size * accumulation_steps``
-    questions (a seeded permutation per pass, as ``train.StepBatchSampler`` orders any
-    dataset), sample a group per question with the current policy (a generator seeded by
-    (seed, step), so a resumed run samples exactly what an uninterrupted one would), reward,
-    normalise, score the answers under the frozen reference (the policy as it was when this
-    run began: a resumed run keeps the original one), then
-    ``policy_epochs`` optimizer steps with ``train.train_step``. With ``config.out_dir``:
-    rows go to ``metrics.jsonl``, checkpoints to ``checkpoints/`` (``resume=True`` continues).
-    With ``held_out`` questions, every ``eval_every`` steps (and at the end) the row also
-    carries ``val_accuracy``: the share answered right greedily, as the evaluation answers.
+    The shared engine (``loop.train``) runs ``config.max_steps`` of ``GRPOStep`` over the
+    questions whose prompt fits. The reference is the policy as it is passed in, frozen: a
+    resumed run gets the starting model again (as the stage loads it), so the reference is the
+    original one. With ``config.out_dir``: rows go to ``metrics.jsonl``, checkpoints to
+    ``checkpoints/`` (``resume=True`` continues bit-exactly). With ``held_out`` questions, every
+    ``eval_every`` steps (and at the end) the row also carries ``val_accuracy``: the share
+    answered right greedily, as the evaluation answers.
     """
     questions = fitting_questions(tokenizer, questions, settings)
-    if len(questions) < settings.batch_size * settings.accumulation_steps:
-        raise ValueError(f"GRPO needs at least {settings.batch_size * settings.accumulation_steps}"
-                         f" questions whose prompt fits seq_len - max_new_tokens "
-                         f"({settings.seq_len} - {settings.max_new_tokens}); {len(questions)} do")
-    state = _start(policy, settings, config, len(questions), resume)
-    sampler = StepBatchSampler(len(questions), batch_size=settings.batch_size,
-                               accumulation_steps=settings.accumulation_steps, world_size=1,
-                               rank=0, seed=config.seed, start_step=state.start_step,
-                               max_steps=config.max_steps)
-    micro = iter(sampler)
-    log = MetricsLog(Path(config.out_dir) / METRICS_FILE if config.out_dir else None,
-                     state.start_step if resume else None)
-    loss_fn = GRPOLoss(settings.clip_eps, settings.kl_beta, settings.length_norm,
-                       settings.max_new_tokens, settings.temperature)
-    rows, bad_streak, t_start = [], 0, time.perf_counter()
-    bar = tqdm(total=config.max_steps, initial=state.start_step, disable=not config.progress,
-               desc="grpo", dynamic_ncols=True)
-    for step in range(state.start_step, config.max_steps):
-        chosen = [questions[i] for _ in range(settings.accumulation_steps) for i in next(micro)]
-        row = _step(state, step, chosen, tokenizer, settings, config, loss_fn)
-        if held_out and ((step + 1) % config.eval_every == 0 or step + 1 == config.max_steps):
-            row["val_accuracy"] = greedy_accuracy(policy, tokenizer, held_out, settings)
-        row["elapsed_s"] = state.elapsed0 + time.perf_counter() - t_start
-        bad_streak = bad_streak + 1 if row.get("skipped") else 0
-        rows.append(row)
-        log.write(row)
-        for callback in callbacks:
-            callback(row)
-        if config.out_dir is not None and ((step + 1) % config.save_every == 0
-                                           or step + 1 == config.max_steps):
-            _save(state, config, row)
-        bar.set_postfix(reward=f"{row['reward']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
-                        length=f"{row['response_length']:.1f}", refresh=False)
-        bar.update(1)
-        if bad_streak >= config.max_bad_steps:
-            bar.close()
-            raise TrainingDiverged(f"GRPO stopped at step {step + 1}: {bad_streak} optimizer "
-                                   f"steps in a row had a non-finite loss or gradient; lower "
-                                   f"the learning rate (now {config.learning_rate:g})")
-    bar.close()
-    return rows
+    needed = config.batch_size * config.accumulation_steps
+    if len(questions) < needed:
+        raise ValueError(f"GRPO needs at least {needed} questions whose prompt fits "
+                         f"seq_len - max_new_tokens ({settings.seq_len} - "
+                         f"{settings.max_new_tokens}); {len(questions)} do")
+    reference = frozen_copy(policy) if settings.kl_beta > 0 else None
+    eval_fn = (partial(_greedy_accuracy, tokenizer=tokenizer, questions=held_out,
+                       settings=settings) if held_out else None)
+    return train(policy, questions, config, step_fn=GRPOStep(tokenizer, settings, config,
+                                                             reference),
+                 eval_fn=eval_fn, collate_fn=question_batch, resume=resume, callbacks=callbacks)
 
 
 def greedy_accuracy(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
@@ -422,78 +432,6 @@ def greedy_accuracy(model: nn.Module, tokenizer: BPETokenizer, questions: Sequen
                for a, q in zip(answers, questions, strict=True)) / len(questions)
 
 
-def _start(policy: nn.Module, settings: GRPOSettings, config: TrainConfig, n_questions: int,
-           resume: bool) -> _GRPOState:
-    """Seed, place the policy, freeze the reference (the policy now), build the optimizer, and
-    load the latest checkpoint when resuming."""
-    device = pick_device(config.device)
-    precision = pick_precision(device, config.precision)
-    if resume and config.out_dir is None:
-        raise ValueError("resume=True needs TrainConfig.out_dir (where the checkpoints are)")
-    seed_everything(config.seed)
-    policy.to(device).train()
-    reference = frozen_copy(policy).to(device) if settings.kl_beta > 0 else None
-    state = _GRPOState(policy, reference, make_optimizer(policy, config, device),
-                       torch.amp.GradScaler(device.type, enabled=precision.use_scaler), device,
-                       precision, {"questions": n_questions, "batch_size": settings.batch_size,
-                                   "accumulation_steps": settings.accumulation_steps,
-                                   "seed": config.seed})
-    ckpt = latest_checkpoint(config.out_dir) if resume else None
-    if ckpt is not None:
-        saved = load_checkpoint(ckpt, policy, device=device)
-        if saved["data"] != state.data_pos:
-            raise ValueError(f"cannot resume from {ckpt}: it was made with {saved['data']}, "
-                             f"this run has {state.data_pos} (the questions would not line up)")
-        state.optimizer.load_state_dict(saved["optimizer"])
-        state.scaler.load_state_dict(saved["scaler"])
-        state.start_step, state.tokens_seen = saved["step"], saved["tokens_seen"]
-        state.elapsed0 = saved["elapsed_s"]
-        print(f"resuming from {ckpt} at step {state.start_step}")
-    return state
-
-
-def _step(state: _GRPOState, step: int, questions: list[Question], tokenizer: BPETokenizer,
-          settings: GRPOSettings, config: TrainConfig, loss_fn: GRPOLoss) -> dict:
-    """One sampling round and its ``policy_epochs`` optimizer steps; the metrics row."""
-    t0 = time.perf_counter()
-    lr = config.lr(step)
-    for group in state.optimizer.param_groups:
-        group["lr"] = lr
-    generator = torch.Generator(state.device).manual_seed(config.seed * 1_000_003 + step)
-    with state.precision.context(state.device):
-        ro = rollout(state.policy, tokenizer, questions, settings, generator)
-    # subtle: a group whose answers all earn the same reward has advantage 0: its only gradient
-    # is the KL term's, which is ~0 near the reference. Skipping such groups (DAPO's "dynamic
-    # sampling" without the resampling) saves most of an update when the policy is mostly right
-    kept = ro.with_signal() if settings.skip_flat_groups else ro
-    batches = rollout_batches(kept if kept.groups else ro, settings.batch_size,
-                              tokenizer.token_to_id(END_OF_TEXT))
-    if state.reference is not None:
-        attach_logprobs(state.reference, batches, "ref_logps", state.device, state.precision,
-                        settings.temperature)
-    if settings.policy_epochs > 1:  # pi_old: the policy that sampled, before any update
-        attach_logprobs(state.policy, batches, "old_logps", state.device, state.precision,
-                        settings.temperature)
-    t1 = time.perf_counter()
-    params = [p for p in state.policy.parameters() if p.requires_grad]
-    results = [train_step(state.policy, iter(batches), state.optimizer, state.scaler, params,
-                          loss_fn, accumulation_steps=len(batches), grad_clip=config.grad_clip,
-                          precision=state.precision, device=state.device)
-               for _ in range(settings.policy_epochs)]
-    state.tokens_seen += sum(r.tokens for r in results)
-    values = {k: sum(r.values[k] for r in results) / len(results) for k in results[0].values}
-    row = {"step": step + 1, **ro.stats(), **values, "lr": lr, "tokens": state.tokens_seen,
-           "trained_groups": len(kept.groups) if kept.groups else len(ro.groups),
-           "sample_s": t1 - t0, "update_s": time.perf_counter() - t1}
-    if not all(r.finite for r in results):
-        row["skipped"] = True
-    return row
-
-
-def _save(state: _GRPOState, config: TrainConfig, row: dict) -> None:
-    config_row = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-    save_checkpoint(Path(config.out_dir), row["step"], state.policy,
-                    {"step": row["step"], "optimizer": state.optimizer.state_dict(),
-                     "scaler": state.scaler.state_dict(), "data": state.data_pos,
-                     "tokens_seen": state.tokens_seen, "elapsed_s": row["elapsed_s"],
-                     "config": config_row}, keep=config.keep_checkpoints)
+def _greedy_accuracy(model: nn.Module, *, tokenizer: BPETokenizer, questions: Sequence[Question],
+                     settings: GRPOSettings) -> dict[str, float]:
+    return {"val_accuracy": greedy_accuracy(model, tokenizer, questions, settings)}

@@ -50,6 +50,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,9 @@ from minimind_lib.core.device import (
 from minimind_lib.core.filenames import METRICS_FILE
 from minimind_lib.model.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from minimind_lib.training.settings import LossFn, TrainConfig
+
+#: A validation plug-in: ``eval_fn(model) -> {name: value}``, merged into the step's row.
+EvalFn = Callable[[nn.Module], dict[str, float]]
 
 
 def default_loss(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -415,6 +419,33 @@ def train_step(forward: nn.Module, batches: Iterator[dict], optimizer: torch.opt
     return StepResult(values, tokens, finite)
 
 
+@dataclass
+class BatchStep:
+    """The engine's usual step: ``train_step`` over the next ``accumulation_steps`` micro-batches
+    of the run's data stream, with ``loss_fn`` (the default loss, SFT's, DPO's, ...).
+
+    A step is any callable ``step_fn(run, step) -> StepResult`` with a ``desc`` (the progress
+    bar's name) and ``postfix(row)`` (what the bar shows): ``train`` sets the learning rate,
+    calls it once per optimizer step, and does the logging, validation, checkpointing and
+    resuming around it. GRPO's step (``grpo.GRPOStep``) samples and rewards answers first."""
+
+    loss_fn: LossFn
+    accumulation_steps: int
+    grad_clip: float
+    desc: str = "train"
+
+    def __call__(self, run: TrainRun, step: int) -> StepResult:
+        return train_step(run.forward, run.batches, run.optimizer, run.scaler, run.params,
+                          self.loss_fn, accumulation_steps=self.accumulation_steps,
+                          grad_clip=self.grad_clip, precision=run.precision, device=run.device,
+                          world_size=run.info.world_size)
+
+    @staticmethod
+    def postfix(row: dict) -> dict[str, str]:
+        return {"loss": f"{row['loss']:.3f}", "lr": f"{row['lr']:.2e}",
+                "tok_s": f"{row['tokens_per_s']:.0f}"}
+
+
 def _step_means(sums: dict[str, torch.Tensor], grad_norm: torch.Tensor, accumulation_steps: int,
                 world_size: int, device: torch.device) -> dict[str, float]:
     """Per-micro-batch means of the summed metrics, and the grad norm, averaged over ranks."""
@@ -435,7 +466,7 @@ class RunLog:
     and the progress bar (rank 0 only)."""
 
     def __init__(self, config: TrainConfig, run: TrainRun, resume: bool,
-                 callbacks: Sequence[Callable[[dict], None]]):
+                 callbacks: Sequence[Callable[[dict], None]], step_fn: BatchStep):
         main = run.info.is_main
         out_dir = Path(config.out_dir) if config.out_dir is not None else None
         self.metrics = MetricsLog(out_dir / METRICS_FILE if out_dir and main else None,
@@ -443,7 +474,9 @@ class RunLog:
         self.wandb_run = _wandb_run(config) if main else None
         self.callbacks = list(callbacks) if main else []
         self.bar = tqdm(total=config.max_steps, initial=run.start_step,
-                        disable=not (config.progress and main), desc="train", dynamic_ncols=True)
+                        disable=not (config.progress and main), desc=step_fn.desc,
+                        dynamic_ncols=True)
+        self.postfix = step_fn.postfix
 
     def write(self, row: dict) -> None:
         self.metrics.write(row)
@@ -453,8 +486,7 @@ class RunLog:
             callback(row)
 
     def advance(self, row: dict) -> None:
-        self.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
-                             tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+        self.bar.set_postfix(self.postfix(row), refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
@@ -463,18 +495,14 @@ class RunLog:
             self.wandb_run.finish()
 
 
-def _after_step(run: TrainRun, config: TrainConfig, row: dict, loss_fn: LossFn,
-                eval_dataset: Dataset | None, collate_fn: Callable | None) -> None:
+def _after_step(run: TrainRun, config: TrainConfig, row: dict, eval_fn: EvalFn | None) -> None:
     """Validate every ``eval_every`` steps and checkpoint every ``save_every`` (and at the end)."""
     step, is_last = row["step"], row["step"] == config.max_steps
     if row.get("skipped") and run.info.is_main:
         print(f"step {step}: non-finite loss/gradient (loss={row['loss']}, "
               f"grad_norm={row['grad_norm']}); step skipped")
-    if eval_dataset is not None and run.info.is_main and (step % config.eval_every == 0 or is_last):
-        row["val_loss"] = evaluate_loss(run.model, eval_dataset, batch_size=config.batch_size,
-                                        max_batches=config.eval_batches, device=run.device,
-                                        precision=run.precision, loss_fn=loss_fn,
-                                        collate_fn=collate_fn)
+    if eval_fn is not None and run.info.is_main and (step % config.eval_every == 0 or is_last):
+        row.update(eval_fn(run.model))
     if config.out_dir is not None and (step % config.save_every == 0 or is_last):
         _save(Path(config.out_dir), step, run, row["elapsed_s"], config)
 
@@ -492,7 +520,8 @@ def _check_resumable(saved: dict, current: dict, path: Path) -> None:
 def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
           loss_fn: LossFn | None = None, eval_dataset: Dataset | None = None,
           collate_fn: Callable | None = None, resume: bool = False,
-          callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
+          callbacks: Sequence[Callable[[dict], None]] = (), step_fn: BatchStep | None = None,
+          eval_fn: EvalFn | None = None) -> list[dict]:
     """Train ``model`` on ``dataset``; return this call's metrics rows (one per optimizer step).
 
     Three parts: ``start_run`` (setup and resume), ``train_step`` per optimizer step, and
@@ -501,6 +530,10 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     ``resume=True`` continues from the latest checkpoint there (or starts fresh when there is
     none). ``callbacks`` get each row as it is logged (e.g. ``plotting.LiveLossPlot``). Under
     ``torchrun`` every rank calls ``train``; rank 0 logs and saves.
+
+    The plug-ins: ``loss_fn(model, batch)`` replaces the default loss; ``step_fn(run, step)``
+    replaces the whole optimizer step (``BatchStep`` by default; GRPO samples in its own);
+    ``eval_fn(model) -> {name: value}`` replaces the validation loss on ``eval_dataset``.
     """
     loss_fn = loss_fn or default_loss
     info = init_distributed()
@@ -508,17 +541,18 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     if config.out_dir is not None and info.is_main:  # a stage's run: say what it will do
         print(plan_line(config, len(dataset), info.world_size))
     run = start_run(model, dataset, config, collate_fn=collate_fn, resume=resume)
-    log = RunLog(config, run, resume, callbacks)
+    step_fn = step_fn or BatchStep(loss_fn, config.accumulation_steps, config.grad_clip)
+    if eval_fn is None and eval_dataset is not None:
+        eval_fn = partial(_validation_loss, dataset=eval_dataset, config=config, run=run,
+                          loss_fn=loss_fn, collate_fn=collate_fn)
+    log = RunLog(config, run, resume, callbacks, step_fn)
     rows, bad_streak, t_start = [], 0, time.perf_counter()
     for step in range(run.start_step, config.max_steps):
         t0 = time.perf_counter()
         lr = config.lr(step)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
-        result = train_step(run.forward, run.batches, run.optimizer, run.scaler, run.params,
-                            loss_fn, accumulation_steps=config.accumulation_steps,
-                            grad_clip=config.grad_clip, precision=run.precision,
-                            device=run.device, world_size=run.info.world_size)
+        result = step_fn(run, step)
         bad_streak = 0 if result.finite else bad_streak + 1
         run.tokens_seen += result.tokens
         t1 = time.perf_counter()
@@ -527,7 +561,7 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
                "elapsed_s": run.elapsed0 + t1 - t_start}
         if not result.finite:
             row["skipped"] = True
-        _after_step(run, config, row, loss_fn, eval_dataset, collate_fn)
+        _after_step(run, config, row, eval_fn)
         rows.append(row)
         log.write(row)
         if bad_streak >= config.max_bad_steps:
@@ -540,6 +574,15 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
         log.advance(row)
     log.close()
     return rows
+
+
+def _validation_loss(model: nn.Module, *, dataset: Dataset, config: TrainConfig, run: TrainRun,
+                     loss_fn: LossFn, collate_fn: Callable | None) -> dict[str, float]:
+    """The default validation: ``val_loss``, the mean loss of the first ``eval_batches``."""
+    return {"val_loss": evaluate_loss(model, dataset, batch_size=config.batch_size,
+                                      max_batches=config.eval_batches, device=run.device,
+                                      precision=run.precision, loss_fn=loss_fn,
+                                      collate_fn=collate_fn)}
 
 
 def plan_line(config: TrainConfig, num_examples: int, world_size: int = 1) -> str:

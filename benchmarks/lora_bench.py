@@ -1,7 +1,7 @@
 """LoRA vs full fine-tuning at the same step budget (notebook 09).
 
 Both arms start from the same model (``--init``, default the shipped ``data/reference/sft``),
-train on the same conversations (the lora stage's: ``stages.lora_training_records``: the new
+train on the same conversations (the lora stage's: ``stage_data.lora_training_records``: the new
 task of ``minimind_lib.data.hanzi_codes``, plus ``--replay`` of SFT conversations) in the same order
 with the profile's ``lora`` settings (batch, steps, schedule, seed); only what trains differs:
 
@@ -38,7 +38,7 @@ import torch
 from minimind_lib import REPO_ROOT
 from minimind_lib.core.device import pick_device, seed_everything
 from minimind_lib.course.profiles import get_profile
-from minimind_lib.course.stages import lora_training_records
+from minimind_lib.course.stage_data import lora_training_records
 from minimind_lib.data.conversations import SFTDataset
 from minimind_lib.data.hanzi_codes import FAMILY, task_records
 from minimind_lib.evaluation.questions import (

@@ -92,15 +92,6 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
     return override(profile, values) if values else profile
 
 
-def check_data(stages: list[str], profile: Profile) -> None:
-    """Fail before anything starts when the data ``stages`` need is missing (e.g. ``full``
-    before ``download data``); the message names the command that fetches it."""
-    try:
-        pipeline.check_data(stages, profile)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"profile {profile.name}: {e}") from None
-
-
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     add_override_arguments(parser)
@@ -121,7 +112,7 @@ def add_init_argument(parser: argparse.ArgumentParser) -> None:
 def run_stage(name: str, args: argparse.Namespace) -> int:
     profile = chosen_profile(args)
     check_out_dir(args.out or profile.runs_dir)
-    check_data([name], profile)
+    pipeline.check_data([name], profile)
     out = pipeline.ensure(name, profile, root=args.out, force=True,
                           resume=args.resume, device=args.device, precision=args.precision,
                           progress=not args.no_progress, init=getattr(args, "init", None))
@@ -256,7 +247,7 @@ def run_all(args: argparse.Namespace) -> int:
     from minimind_lib.course.report import write_report
 
     profile = chosen_profile(args)
-    check_data([s.name for s in pipeline.stages_in_all()], profile)
+    pipeline.check_data([s.name for s in pipeline.stages_in_all()], profile)
     root = args.out or profile.runs_dir
     check_out_dir(root)
     start = time.perf_counter()
@@ -288,10 +279,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     import json
 
-    from minimind_lib.course.plan import format_plan, plan
+    from minimind_lib.course.plan import PLANNED_STAGES, format_plan, plan
 
     profile = chosen_profile(args)
-    check_data(["pretrain", "sft", "dpo"], profile)
+    pipeline.check_data(list(PLANNED_STAGES), profile)
     result = plan(profile, cpu_probe=not args.no_cpu_probe)
     print(json.dumps(result, indent=2) if args.json else format_plan(result))
     return 0

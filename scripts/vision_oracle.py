@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +24,7 @@ from minimind_lib.course.profiles import get_profile
 from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import load_tokenizer
 from minimind_lib.vision.clip import load_clip, patchify, to_pixels
-from minimind_lib.vision.recipe import evaluate_vqa, train_vlm
+from minimind_lib.vision.recipe import evaluate_vqa, train_vlm, with_vlm_steps
 from minimind_lib.vision.scenes import BACKGROUND
 from minimind_lib.vision.vlm import Projector, VisionLanguageModel
 
@@ -90,7 +89,7 @@ def main() -> None:
             torch.manual_seed(0)
             vlm = vlm_on(features, args.clip, settings.merge)
             start = time.perf_counter()
-            train_vlm(vlm, tokenizer, replace(settings, vlm_steps=steps), seed=args.seed,
+            train_vlm(vlm, tokenizer, with_vlm_steps(settings, steps), seed=args.seed,
                       progress=False)
             took = time.perf_counter() - start
             score = evaluate_vqa(vlm, tokenizer, args.seed, args.images)["held_out"]

@@ -32,7 +32,7 @@ from minimind_lib.course.profiles import get_profile
 from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer import load_tokenizer
 from minimind_lib.vision.clip import load_clip
-from minimind_lib.vision.recipe import evaluate_vqa, train_vlm
+from minimind_lib.vision.recipe import evaluate_vqa, train_vlm, with_vlm_steps
 from minimind_lib.vision.scenes import QUESTION_KINDS
 from minimind_lib.vision.vlm import build_vlm
 
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = load_tokenizer()
     profile = get_profile("smoke")
-    settings = replace(profile.vision, vlm_steps=args.steps, merge=args.merge)
+    settings = replace(with_vlm_steps(profile.vision, args.steps), merge=args.merge)
     print("| arm | " + " | ".join(QUESTION_KINDS) + " | all held-out | train s |")
     print("|---|" + "---|" * (len(QUESTION_KINDS) + 2))
     for arm in args.arms:

@@ -74,6 +74,26 @@ def test_a_changed_data_file_is_named_and_the_old_model_kept(smoke_runs, tmp_pat
     assert read_marker(root / "sft")["run_id"] != old
 
 
+def test_the_number_of_evaluation_questions_is_in_the_fingerprint(smoke_runs, tmp_path):
+    """``--set eval_per_task=N`` changes what a stage's eval.json measures, so a finished sft
+    run scored on another number of questions is rebuilt, not reused with a stale eval.json
+    (``sft.eval_per_task`` is no setting: the CLI refuses it, naming the valid keys). Stages
+    that evaluate nothing keep their runs."""
+    from minimind_lib.course.pipeline import fingerprint, is_complete
+    from minimind_lib.course.profiles import get_profile, override
+
+    root = tmp_path / "runs"
+    shutil.copytree(smoke_runs, root)
+    smoke = get_profile("smoke")
+    fewer = override(smoke, {"eval_per_task": "3"})
+    assert is_complete("sft", smoke, root) and not is_complete("sft", fewer, root)
+    assert differences(fingerprint("sft", smoke, root), fingerprint("sft", fewer, root)) == [
+        f"eval_per_task {smoke.eval_per_task} -> 3"]
+    assert is_complete("pretrain", fewer, root) and is_complete("tokenizer", fewer, root)
+    assert main(["sft", "--profile", "smoke", "--out", str(root),
+                 "--set", "sft.eval_per_task=3"]) == 1  # a user error, named
+
+
 def test_differences_name_each_change():
     old = {"settings": {"learning_rate": 1e-3, "betas": [0.9, 0.95]}, "seed": 42,
            "data": {"a.jsonl": "1", "b.jsonl": "2"}, "requires": {"pretrain": "abc"}}

@@ -30,7 +30,7 @@ from minimind_lib.vision.clip import (
     to_pixels,
     zero_shot,
 )
-from minimind_lib.vision.recipe import VisionSettings, train_vlm
+from minimind_lib.vision.recipe import VisionSettings, train_vlm, vision_training
 from minimind_lib.vision.scenes import (
     BACKGROUND,
     COLOURS,
@@ -212,8 +212,8 @@ def test_the_clip_sizes_nest_in_the_vision_settings_and_are_set_by_dotted_keys(t
 
     smoke = get_profile("smoke")
     assert smoke.vision.clip_config(6400) == replace(smoke.vision.clip, vocab_size=6400)
-    p = override(smoke, {"vision.clip.embed_dim": "16", "vision.vlm_steps": "5"})
-    assert p.vision.clip.embed_dim == 16 and p.vision.vlm_steps == 5
+    p = override(smoke, {"vision.clip.embed_dim": "16", "vision.vlm_training.max_steps": "5"})
+    assert p.vision.clip.embed_dim == 16 and p.vision.vlm_training.max_steps == 5
     assert p.vision.clip.vision_width == smoke.vision.clip.vision_width  # the rest kept
     assert "vision.clip.patch_size" in valid_keys(smoke) and "vision.clip" not in valid_keys(smoke)
     with pytest.raises(ValueError, match="valid vision.clip keys: image_size, patch_size"):
@@ -223,13 +223,13 @@ def test_the_clip_sizes_nest_in_the_vision_settings_and_are_set_by_dotted_keys(t
     with pytest.raises(ValueError, match="vision.clip.*multiple of patch_size"):
         override(smoke, {"vision.clip.patch_size": "7"})
     config = tmp_path / "c.toml"
-    config.write_text("[vision]\nvlm_steps = 7\n[vision.clip]\ntext_layers = 1\n"
+    config.write_text("[vision.vlm_training]\nmax_steps = 7\n[vision.clip]\ntext_layers = 1\n"
                       "[model]\nrope_scaling = {type = 'yarn', factor = 4.0}\n")
     values = load_config(config)
     assert values["model.rope_scaling"] == {"type": "yarn", "factor": 4.0}  # a value, kept
     p = override(smoke, {k: v for k, v in values.items() if k.startswith("vision")})
-    assert p.vision.clip.text_layers == 1 and p.vision.vlm_steps == 7
-    assert p.overrides[-2:] == ("vision.vlm_steps=7", "vision.clip.text_layers=1")
+    assert p.vision.clip.text_layers == 1 and p.vision.vlm_training.max_steps == 7
+    assert p.overrides[-2:] == ("vision.vlm_training.max_steps=7", "vision.clip.text_layers=1")
 
 
 def test_a_picture_holds_its_colour_on_its_side_only():
@@ -499,8 +499,9 @@ def test_training_moves_the_projector_not_the_frozen_encoder(tokenizer):
     encoder_before = {k: v.clone() for k, v in vlm.encoder.state_dict().items()}
     projector_before = {k: v.clone() for k, v in vlm.projector.state_dict().items()}
     lm_before = {k: v.clone() for k, v in vlm.lm.state_dict().items()}
-    settings = VisionSettings(train_images=4, clip_batch_size=4, vlm_steps=2, vlm_batch_size=4,
-                              warmup_steps=1,
+    settings = VisionSettings(train_images=4, clip_training=vision_training(4, 2e-3, 1, seq_len=32),
+                              vlm_training=vision_training(4, 1e-3, 2, seq_len=64,
+                                                           warmup_steps=1),
                               train_lm=False, clip=TINY_CLIP)
     rows = train_vlm(vlm, tokenizer, settings, seed=0, progress=False, precision="fp32")
     assert len(rows) == 2 and not vlm.encoder.training
@@ -559,11 +560,11 @@ def test_vqa_chance_is_one_over_the_possible_answers():
 
 
 def test_vision_settings_check_their_fields():
-    with pytest.raises(ValueError, match="VisionSettings.clip_steps must be positive"):
-        VisionSettings(clip_steps=0)
+    with pytest.raises(ValueError, match="TrainSettings.batch_size must be positive"):
+        VisionSettings(clip_training=vision_training(0, 2e-3, 5, seq_len=32))
     with pytest.raises(ValueError, match="merge \\(3\\) must divide the patch grid \\(8"):
         VisionSettings(merge=3)
-    with pytest.raises(ValueError, match="train_images \\(10\\) must be at least clip_batch_size"):
+    with pytest.raises(ValueError, match="train_images \\(10\\) must be at least clip_training"):
         VisionSettings(train_images=10)
 
 
@@ -662,7 +663,7 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(smoke_runs, root)
     assert main(["vision", "--profile", "smoke", "--out", str(root), "--no-progress",
-                 "--set", "vision.vlm_steps=8", "--set", "vision.eval_images=6"]) == 0
+                 "--set", "vision.vlm_training.max_steps=8", "--set", "vision.eval_images=6"]) == 0
     out = root / "vision"
     result = json.loads((out / EVAL_FILE).read_text())
     assert result["zero_shot_chance"] == 1 / 20
@@ -670,7 +671,7 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     assert 0 <= result["vqa_exact_match"] <= 1 and result["vqa"]["held_out"]["all"]["n"] == 60
     assert set(result["vqa_by_kind"]) == set(QUESTION_KINDS)
     phases = [json.loads(line)["phase"] for line in (out / METRICS_FILE).read_text().splitlines()]
-    assert phases.count("clip") == get_profile("smoke").vision.clip_steps
+    assert phases.count("clip") == get_profile("smoke").vision.clip_training.max_steps
     assert phases.count("vlm") == 8
     assert load_clip(out / "clip").config.vision_width == 64  # the smoke profile's CLIP
     vlm = load_vlm(out / "vlm")

@@ -9,6 +9,9 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"  # the MiniMindConfig fields as one flat json object
 QUANT_FILE = "quantization.json"  # present in int8 folders: the format and the int8 groups
 TOKENIZER_FILE = "tokenizer.json"  # HF tokenizer.json
+#: a tokenizer folder as transformers reads it (``BPETokenizer.save_pretrained``): the first two
+#: are required, special_tokens_map.json travels along when present
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 
 # --- the vision stage's folders (``vision.save_clip``, ``vlm.save_vlm``) -----------------------
 CLIP_DIR = "clip"  # <out>/vision/clip/: the tiny CLIP (a CLIP folder)

@@ -43,7 +43,7 @@ from minimind_lib.core.atomic import atomic_write_text
 from minimind_lib.core.filenames import MARKER_FILE, RUN_CONFIG_FILE, WEIGHTS_FILE
 from minimind_lib.course.profiles import Profile, get_profile
 from minimind_lib.course.stages import STAGES, Stage, StageContext, get_stage, read_marker
-from minimind_lib.training.loop import init_distributed
+from minimind_lib.training.distributed import init_distributed
 
 PREVIOUS_DIR = "previous"  # <root>/previous/<stage>-<run id>/: finished runs moved aside
 HASH_CACHE = ".hashes.json"  # <root>/.hashes.json: content hashes by path, size and mtime
@@ -58,15 +58,18 @@ def stages_in_all() -> list[Stage]:
 
 
 def check_data(stages: list[str], profile: Profile) -> None:
-    """Raise ``FileNotFoundError`` (naming the ``download`` command) when a file that
-    ``stages`` or their prerequisites read is missing; before anything starts."""
+    """Raise ``FileNotFoundError`` (naming the profile and the ``download`` command) when a file
+    that ``stages`` or their prerequisites read is missing; before anything starts."""
     todo, seen = list(stages), set()
     while todo:
         st = get_stage(todo.pop())
         if st.name not in seen:
             seen.add(st.name)
             todo += st.requires
-            st.inputs(profile)
+            try:
+                st.inputs(profile)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(f"profile {profile.name}: {e}") from None
 
 
 # --- fingerprints ---------------------------------------------------------------------------
@@ -100,7 +103,7 @@ def fingerprint(stage: str, profile: Profile, root: Path, init: Path | None = No
     Input files enter by name (relative to their data folder) and content hash; a prerequisite
     by its run id, or, replaced by ``--init``, by the content hash of the weights it starts from."""
     st = get_stage(stage)
-    settings = getattr(profile, stage, None)
+    settings = st.settings_in(profile)
     requires = {dep: (read_marker(root / dep) or {}).get("run_id") for dep in _needs(st, init)}
     if init is not None:
         requires["init"] = file_hash(Path(init) / WEIGHTS_FILE, root)
@@ -110,6 +113,8 @@ def fingerprint(stage: str, profile: Profile, root: Path, init: Path | None = No
         "data": {p.name: file_hash(p, root) for p in st.inputs(profile)},
         "requires": requires,
     }
+    if st.evaluates:  # what its eval.json measures (a stage that scores nothing keeps its runs)
+        fields["eval_per_task"] = profile.eval_per_task
     return json.loads(json.dumps(fields))  # as stage.json holds it (tuples become lists)
 
 

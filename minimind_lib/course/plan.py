@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from minimind_lib.core.device import pick_precision
-from minimind_lib.course.profiles import TRAINING_STAGES, Profile
+from minimind_lib.course.profiles import Profile
+from minimind_lib.course.stages import STAGES
 from minimind_lib.data.conversations import SFTDataset
 from minimind_lib.data.readers import dataset_files, read_jsonl
 from minimind_lib.model.decoder import MiniMindForCausalLM
@@ -143,11 +144,13 @@ def _on_policy_data(paths: list[Path], tokenizer: BPETokenizer, settings: DPOSet
 
 
 _COUNTERS = {"pretrain": _pretrain_data, "sft": _sft_data, "dpo": _dpo_data}
+#: The stages a plan covers, in stage order (lora trains on generated data, grpo on samples)
+PLANNED_STAGES = tuple(s for s in STAGES if s in _COUNTERS)
 
 
 def stage_plan(stage: str, profile: Profile, tokenizer: BPETokenizer) -> StagePlan:
     """The plan of training stage ``stage`` on the data ``profile`` uses."""
-    settings: TrainSettings = getattr(profile, stage)
+    settings: TrainSettings = STAGES[stage].settings_in(profile)
     on_policy = stage == "dpo" and settings.pairs == "on_policy"
     data = _COUNTERS[stage](dataset_files("sft" if on_policy else stage, profile.data_dir),
                             tokenizer, settings)
@@ -205,7 +208,7 @@ def plan(profile: Profile, *, cpu_probe: bool = True,
     if cpu_probe:
         rates["this CPU"] = cpu_flops_per_second(profile)
     stages = {}
-    for stage in (s for s in TRAINING_STAGES if s in _COUNTERS):  # lora: generated; grpo: sampled
+    for stage in PLANNED_STAGES:
         p = stage_plan(stage, profile, tokenizer)
         stages[stage] = {**asdict(p), "seconds": {name: p.seconds(r) for name, r in rates.items()}}
     return {"profile": profile.name, "gpu_mfu_assumed": GPU_MFU, "gpu_tflops": GPU_TFLOPS,

@@ -48,7 +48,7 @@ from minimind_lib.training.grpo import GRPOSettings
 from minimind_lib.training.lora import LoRASettings
 from minimind_lib.training.settings import RunOptions, TrainSettings
 from minimind_lib.vision.clip import CLIPConfig
-from minimind_lib.vision.recipe import VisionSettings
+from minimind_lib.vision.recipe import VisionSettings, vision_training
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,8 +58,6 @@ else:  # pragma: no cover - Python 3.10
 PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
-#: The training stages whose settings a profile holds, in order.
-TRAINING_STAGES = ("pretrain", "sft", "dpo", "grpo", "lora")
 
 
 @dataclass(frozen=True)
@@ -137,10 +135,10 @@ def _smoke() -> Profile:
         # steps scored 67-70%. Measured (50 held-out pictures, seeds 42 and 0-4,
         # docs/benchmarks.md): zero-shot 72-88% (chance 5%), VQA 76.0-82.6% (twice chance:
         # 71.4%), ~4.5 min of one thread. 250 VLM steps on 8-pixel patches (before): 50.5-57.0%
-        vision=VisionSettings(train_images=2000, eval_images=50,
-                              clip=CLIPConfig(patch_size=16), clip_steps=400,
-                              clip_batch_size=128, merge=1, vlm_steps=500, vlm_learning_rate=1e-3,
-                              vlm_batch_size=16, warmup_steps=10),
+        vision=VisionSettings(
+            train_images=2000, eval_images=50, clip=CLIPConfig(patch_size=16), merge=1,
+            clip_training=vision_training(128, 2e-3, 400, seq_len=32, warmup_steps=10),
+            vlm_training=vision_training(16, 1e-3, 500, seq_len=64, warmup_steps=10)),
     )
 
 
@@ -177,13 +175,18 @@ def _cpu() -> Profile:
         # measured (scripts/measure_vision.py, docs/benchmarks.md): zero-shot 66.0%, VQA 81.8%
         # on held-out pairs (400 VLM steps, no position vectors or recolouring: 69.0%, 66.5%),
         # 9.9 min on 1 thread
-        vision=VisionSettings(train_images=20000, eval_images=100, clip_steps=800,
-                              clip_batch_size=128, vlm_steps=800, vlm_batch_size=16),
+        vision=VisionSettings(
+            train_images=20000, eval_images=100,
+            clip_training=vision_training(128, 2e-3, 800, seq_len=32),
+            vlm_training=vision_training(16, 1e-3, 800, seq_len=64)),
     )
 
 
 # the gpu and full profiles' tiny CLIP: twice as wide, twice as deep an image encoder
 _GPU_CLIP = CLIPConfig(vision_width=128, vision_layers=4, text_width=128, embed_dim=128)
+_GPU_VISION = VisionSettings(train_images=50000, eval_images=200, clip=_GPU_CLIP,
+                             clip_training=vision_training(256, 2e-3, 3000, seq_len=32),
+                             vlm_training=vision_training(32, 1e-3, 1500, seq_len=64))
 # The cpu profile's LoRA run (measured there) on a twice as large batch of up to 512 tokens
 # (MiniMind's SFT conversations are longer), at half its learning rate as the gpu SFT's is
 # half the cpu's: not measured on a GPU.
@@ -214,8 +217,7 @@ def _gpu() -> Profile:
         eval_per_task=100,
         grpo=GRPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, max_steps=400,
                           warmup_steps=10, eval_every=40, save_every=200),
-        vision=VisionSettings(train_images=50000, eval_images=200, clip=_GPU_CLIP, clip_steps=3000,
-                              clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
+        vision=_GPU_VISION,
     )
 
 
@@ -238,8 +240,7 @@ def _full() -> Profile:
                         warmup_steps=50, eval_every=100, save_every=500, pairs="offline"),
         lora=_GPU_LORA,
         eval_per_task=200,
-        vision=VisionSettings(train_images=50000, eval_images=200, clip=_GPU_CLIP, clip_steps=3000,
-                              clip_batch_size=256, vlm_steps=1500, vlm_batch_size=32),
+        vision=_GPU_VISION,
         needs_minimind_data=True,
     )
 
@@ -275,11 +276,11 @@ _TOP_LEVEL = ("seed", "eval_per_task")
 
 
 def _sections(profile: Profile) -> dict[str, object]:
-    """What ``override`` can change: the model, each training stage, the run options, the
-    vision stage's settings, and the settings nested in those (``vision.clip``), by dotted
-    name."""
-    out = {"model": profile.model, **{s: getattr(profile, s) for s in TRAINING_STAGES},
-           "train": profile.train, "vision": profile.vision}
+    """What ``override`` can change: every settings section of the profile (the model, each
+    stage's hyper-parameters, the run options), and the settings nested in those
+    (``vision.clip``), by dotted name."""
+    out = {f.name: getattr(profile, f.name) for f in fields(profile)
+           if is_dataclass(getattr(profile, f.name))}
     for name, obj in list(out.items()):
         out.update({f"{name}.{f.name}": getattr(obj, f.name) for f in fields(obj)
                     if is_dataclass(getattr(obj, f.name))})

@@ -29,30 +29,23 @@ from minimind_lib.core.filenames import (
     REPORT_FILE,
 )
 from minimind_lib.course.plotting import plot_metrics, read_metrics
-from minimind_lib.course.stages import STAGES, read_marker
+from minimind_lib.course.stages import STAGES, Stage, read_marker
 from minimind_lib.evaluation.model_eval import eval_report, read_eval
 from minimind_lib.evaluation.preferences import PreferenceScores, preference_table
 from minimind_lib.evaluation.questions import question_table
 from minimind_lib.training.dpo import PairCounts, pair_table
 
-TRAINING_STAGES = {  # stage -> extra metrics plotted beside loss and learning rate
-    "pretrain": (),
-    "sft": (),
-    "dpo": ("reward_margin", "reward_accuracy"),
-    "grpo": ("reward", "kl", "response_length"),
-    "lora": (),
-}
 
-
-def _figure(root: Path, stage: str) -> str | None:
-    """Plot ``stage``'s metrics to ``figures/<stage>_loss.png``; its path relative to root."""
-    path = root / stage / METRICS_FILE
+def _figure(root: Path, stage: Stage) -> str | None:
+    """Plot ``stage``'s metrics (loss, lr and its ``curves``) to ``figures/<stage>_loss.png``;
+    its path relative to root."""
+    path = root / stage.name / METRICS_FILE
     if not path.is_file():
         return None
     rows = read_metrics(path)
-    extra = [k for k in TRAINING_STAGES[stage] if any(k in r for r in rows)]
-    fig = plot_metrics(rows, title=f"{stage} ({len(rows)} steps)", extra=extra)
-    out = root / FIGURES_DIR / f"{stage}_loss.png"
+    extra = [k for k in stage.curves or () if any(k in r for r in rows)]
+    fig = plot_metrics(rows, title=f"{stage.name} ({len(rows)} steps)", extra=extra)
+    out = root / FIGURES_DIR / f"{stage.name}_loss.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -107,10 +100,36 @@ def _dpo_tables(root: Path) -> list[str]:
     return out
 
 
-def _lora_section(root: Path) -> str:
+def _training_section(root: Path, stage: Stage) -> list[str]:
+    """A training stage's loss curve, then (when it evaluates) its held-out tables."""
+    figure = _figure(root, stage)
+    out = ([f"![{stage.name} loss]({figure})", ""] if figure
+           else [f"(no {stage.name} metrics yet)", ""])
+    if stage.evaluates and (root / stage.name / EVAL_FILE).is_file():
+        out += _EXTRA_TABLES.get(stage.name, lambda _: [])(root)
+        out += ["Held-out questions (greedy, through the chat template), text perplexity and "
+                "bits per byte:", "", eval_report(read_eval(root / stage.name)), ""]
+    return out
+
+
+def _quantize_section(root: Path, stage: Stage) -> list[str]:
+    """The format table of the quantize stage and its held-out questions per format."""
+    table = root / stage.name / FORMATS_FILE
+    if not table.is_file():
+        return [f"(the {stage.name} stage has not run yet)", ""]
+    source = read_marker(root / stage.name)["summary"]["source"]
+    evals = read_eval(root / stage.name)
+    return [f"The `{source}` model in each format, measured on this machine (speed: batch 1, "
+            "greedy, 16 new tokens, median of 3 rounds):", "",
+            table.read_text(encoding="utf-8").strip(), "", "Held-out questions per format:", "",
+            question_table({k: e.tasks for k, e in evals.items()},
+                           metrics=("exact_match", "format_rate")), ""]
+
+
+def _lora_section(root: Path, stage: Stage) -> list[str]:
     """The lora stage's adapter, loss curve and held-out questions before and after."""
     summary = read_marker(root / "lora")["summary"]
-    figure = _figure(root, "lora")
+    figure = _figure(root, stage)
     lines = [f"Rank {summary['rank']} adapters on {', '.join(summary['target_modules'])}: "
              f"{summary['trainable_parameters']:,} trainable of {summary['total_parameters']:,} "
              f"parameters ({summary['trainable_parameters'] / summary['total_parameters']:.2%}).",
@@ -118,7 +137,13 @@ def _lora_section(root: Path) -> str:
     if (root / "lora" / EVAL_FILE).is_file():
         lines += ["Held-out questions of the new task (family `domain`) and of the SFT tasks:",
                   "", eval_report(read_eval(root / "lora"))]
-    return "\n".join(lines)
+    return lines + [""]
+
+
+#: Stages whose report section is not a training curve plus held-out tables
+_SECTIONS = {"quantize": _quantize_section, "lora": _lora_section}
+#: Tables a stage's section shows before its held-out questions
+_EXTRA_TABLES = {"dpo": _dpo_tables}
 
 
 def write_report(root: str | os.PathLike, profile_name: str | None = None,
@@ -137,36 +162,10 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
            + (f"; this command's wall time: {wall_seconds / 60:.1f} min (finished stages are "
               "reused, not rerun)." if wall_seconds is not None else "."), ""]
 
-    for stage, title in (("pretrain", "Pretraining"), ("sft", "Supervised fine-tuning"),
-                         ("dpo", "DPO"), ("grpo", "GRPO")):
-        if stage == "grpo" and read_marker(root / stage) is None:  # optional: only once it ran
-            continue
-        out += [f"## {title}", ""]
-        figure = _figure(root, stage)
-        out += [f"![{stage} loss]({figure})", ""] if figure else [f"(no {stage} metrics yet)", ""]
-        if stage in ("sft", "dpo", "grpo") and (root / stage / EVAL_FILE).is_file():
-            if stage == "dpo":
-                out += _dpo_tables(root)
-            out += ["Held-out questions (greedy, through the chat template), text perplexity and "
-                    "bits per byte:",
-                    "", eval_report(read_eval(root / stage)), ""]
-
-    out += ["## Quantisation", ""]
-    table = root / "quantize" / FORMATS_FILE
-    if table.is_file():
-        source = read_marker(root / "quantize")["summary"]["source"]
-        out += [f"The `{source}` model in each format, measured on this machine (speed: batch 1, "
-                "greedy, 16 new tokens, median of 3 rounds):", "",
-                table.read_text(encoding="utf-8").strip(), ""]
-        evals = read_eval(root / "quantize")
-        out += ["Held-out questions per format:", "",
-                question_table({k: e.tasks for k, e in evals.items()},
-                               metrics=("exact_match", "format_rate")), ""]
-    else:
-        out += ["(the quantize stage has not run yet)", ""]
-
-    if read_marker(root / "lora") is not None:  # an optional stage: reported once it ran
-        out += ["## LoRA", "", _lora_section(root), ""]
+    for stage in STAGES.values():  # registry order; an optional stage once it ran
+        if stage.title and (stage.in_all or read_marker(root / stage.name) is not None):
+            section = _SECTIONS.get(stage.name, _training_section)
+            out += [f"## {stage.title}", "", *section(root, stage)]
 
     path = root / REPORT_FILE
     atomic_write_text(path, "\n".join(out))

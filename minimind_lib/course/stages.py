@@ -24,7 +24,6 @@ A new stage goes here::
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 from collections.abc import Callable
@@ -46,53 +45,62 @@ from minimind_lib.core.filenames import (
     MERGED_DIR,
     METRICS_FILE,
     PRETOKENIZED_META,
-    RUN_CONFIG_FILE,
     TOKENIZER_FILE,
     VLM_DIR,
 )
 from minimind_lib.course.profiles import Profile
+from minimind_lib.course.stage_data import (
+    course_tokenizer_files,
+    dpo_sources,
+    lora_training_records,
+    training_data,
+    training_questions,
+)
+from minimind_lib.course.stage_eval import (
+    domain_eval,
+    profile_eval,
+    stored_eval,
+    training_summary,
+    write_eval,
+)
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.data.pretraining import load_pretrain_split, tokenize_corpus
-from minimind_lib.data.readers import dataset_files, read_jsonl
-from minimind_lib.evaluation.model_eval import ModelEval, eval_report, evaluate_model
+from minimind_lib.data.readers import dataset_files
+from minimind_lib.evaluation.model_eval import ModelEval, eval_report
 from minimind_lib.evaluation.precision import formats_table, measure_formats
 from minimind_lib.evaluation.preferences import summarize_preferences
 from minimind_lib.evaluation.questions import (
     answer_budget,
-    evaluate_sft,
     load_eval_records,
     select_per_task,
     summarize,
 )
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.model.decoder import MiniMindForCausalLM
-from minimind_lib.model.hf import TOKENIZER_FILES
 from minimind_lib.model.quantize import FORMAT as INT8_FORMAT
 from minimind_lib.model.quantize import quantize_int8
-from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer, copy_tokenizer_files
+from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.dpo import (
     DPODataset,
     evaluate_preferences,
     held_out_pairs,
     on_policy_pairs,
     pair_table,
-    reservoir_sample,
     train_dpo,
 )
 from minimind_lib.training.grpo import train_grpo
-from minimind_lib.training.loop import init_distributed, train
+from minimind_lib.training.loop import train
 from minimind_lib.training.lora import (
-    LoRASettings,
     add_lora,
     count_parameters,
     finetune,
     merge_lora,
     save_adapter,
-    with_replay,
 )
-from minimind_lib.training.rollout import Question, select_tasks, verifiable_questions
+from minimind_lib.training.rollout import verifiable_questions
 from minimind_lib.training.settings import TrainConfig
-from minimind_lib.training.sft import sft_records, train_sft
+from minimind_lib.training.sft import train_sft
 from minimind_lib.vision.clip import CLIP, save_clip
 from minimind_lib.vision.recipe import (
     evaluate_clip,
@@ -144,6 +152,9 @@ class StageContext:
 
 @dataclass(frozen=True)
 class Stage:
+    """A registered stage: what it needs, reads and makes. Every list of stages elsewhere (the
+    CLI's commands, ``all``, the report, the plan, the fingerprints) is derived from these."""
+
     name: str
     run: Callable[[StageContext], dict]  # writes ctx.out_dir; returns a json-able summary
     requires: tuple[str, ...] = ()
@@ -153,30 +164,40 @@ class Stage:
     in_all: bool = True  # part of ``python -m minimind_lib all``
     serves: bool = False  # its folder is a chat model `serve` / `chat` may pick by default
     starts_from: str | None = None  # the stage whose model it starts from (``--init`` replaces)
+    settings: str | None = None  # the Profile field holding its hyper-parameters
+    evaluates: bool = False  # it scores models on profile.eval_per_task questions a task
+    title: str = ""  # its section of report.md ("": none)
+    curves: tuple[str, ...] | None = None  # metrics plotted beside loss and lr (None: no plot)
 
     def inputs(self, profile: Profile) -> list[Path]:
         """The files this stage reads besides its prerequisites' folders (an error naming the
         ``download`` command when training data is missing)."""
         return self.sources(profile) if self.sources is not None else []
 
+    def settings_in(self, profile: Profile) -> object | None:
+        """This stage's hyper-parameters in ``profile`` (None: it has none)."""
+        return getattr(profile, self.settings) if self.settings is not None else None
+
 
 STAGES: dict[str, Stage] = {}
 
 
-def register(name: str, *, requires: tuple[str, ...] = (), description: str = "",
-             distributed: bool = False, sources: Callable[[Profile], list[Path]] | None = None,
-             in_all: bool = True, serves: bool = False, starts_from: str | None = None):
-    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure`` and the CLI).
-    ``starts_from`` (a stage in ``requires``) is the model it builds on, which ``--init``
-    can replace."""
+def register(name: str, **fields: object):
+    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure``, the CLI, the
+    report and the plan); ``fields`` are ``Stage``'s. ``starts_from`` (a stage in ``requires``)
+    is the model it builds on, which ``--init`` can replace; ``settings`` names a field of
+    ``Profile``."""
     def wrap(fn: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
-        missing = [r for r in requires if r not in STAGES]
+        stage = Stage(name, fn, **fields)
+        missing = [r for r in stage.requires if r not in STAGES]
         if missing:
             raise ValueError(f"stage {name!r} requires {missing}, registered after it")
-        if starts_from is not None and starts_from not in requires:
-            raise ValueError(f"stage {name!r} starts from {starts_from!r}, not in its requires")
-        STAGES[name] = Stage(name, fn, requires, description, distributed, sources, in_all,
-                             serves, starts_from)
+        if stage.starts_from is not None and stage.starts_from not in stage.requires:
+            raise ValueError(f"stage {name!r} starts from {stage.starts_from!r}, not in its "
+                             "requires")
+        if stage.settings is not None and stage.settings not in Profile.__dataclass_fields__:
+            raise ValueError(f"stage {name!r}: settings {stage.settings!r} is not a Profile field")
+        STAGES[name] = stage
         return fn
     return wrap
 
@@ -194,50 +215,24 @@ def read_marker(stage_dir: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _training_summary(rows: list[dict]) -> dict:
-    last = rows[-1] if rows else {}
-    return {"steps": last.get("step"), "final_loss": last.get("loss"),
-            "final_val_loss": last.get("val_loss"), "tokens": last.get("tokens"),
-            "metrics": METRICS_FILE}
-
-
-def _write_eval(out_dir: Path, per_task: int, evals: dict[str, ModelEval], **extra: object) -> None:
-    atomic_write_text(out_dir / EVAL_FILE, json.dumps(
-        {"per_task": per_task, **extra,
-         "models": {name: e.to_dict() for name, e in evals.items()}}, indent=2) + "\n")
-
-
-def _evaluate(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext) -> ModelEval:
-    return evaluate_model(model, tokenizer, per_task=ctx.profile.eval_per_task,
-                          seq_len=ctx.profile.sft.seq_len, progress=ctx.progress)
-
-
-def training_data(schema: str) -> Callable[[Profile], list[Path]]:
-    """``sources`` of a stage training on ``schema`` data: the profile's files of that kind."""
-    return lambda profile: dataset_files(schema, profile.data_dir)
-
-
-def _course_tokenizer(_: Profile) -> list[Path]:
-    return sorted(f for f in COURSE_TOKENIZER_DIR.iterdir() if f.is_file())
-
-
 # --- the stages, in order ------------------------------------------------------------------
 
 
-@register("tokenizer", sources=_course_tokenizer,
+@register("tokenizer", sources=course_tokenizer_files,
           description="copy the course tokenizer (data/tokenizer/) into the run")
 def tokenizer_stage(ctx: StageContext) -> dict:
     source = COURSE_TOKENIZER_DIR / TOKENIZER_FILE
     if not source.is_file():
         raise FileNotFoundError(f"{source}: the course tokenizer is missing; rebuild data/ with "
                                 "`make data` (scripts/build_data.py) or train one in notebook 01")
-    for f in _course_tokenizer(ctx.profile):
+    for f in course_tokenizer_files(ctx.profile):
         shutil.copyfile(f, ctx.out_dir / f.name)
     return {"source": str(COURSE_TOKENIZER_DIR)}
 
 
 @register("pretrain", requires=("tokenizer",), distributed=True, sources=training_data("pretrain"),
-          serves=True, description="pretrain the profile's model on the pretraining text")
+          serves=True, settings="pretrain", title="Pretraining", curves=(),
+          description="pretrain the profile's model on the pretraining text")
 def pretrain_stage(ctx: StageContext) -> dict:
     """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
     from scratch on its windows, validating on the held-out split."""
@@ -266,12 +261,13 @@ def pretrain_stage(ctx: StageContext) -> dict:
                  callbacks=ctx.callbacks)
     if info.is_main:
         save_model(model.cpu(), ctx.out_dir)
-    return {**_training_summary(rows), "train_windows": len(train_set),
+    return {**training_summary(rows), "train_windows": len(train_set),
             "val_windows": len(val_set) if val_set is not None else 0}
 
 
 @register("sft", requires=("tokenizer", "pretrain"), starts_from="pretrain", distributed=True,
-          sources=training_data("sft"), serves=True,
+          sources=training_data("sft"), serves=True, settings="sft", evaluates=True,
+          title="Supervised fine-tuning", curves=(),
           description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                       "evaluates before and after")
 def sft_stage(ctx: StageContext) -> dict:
@@ -283,7 +279,7 @@ def sft_stage(ctx: StageContext) -> dict:
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the pretrained model's "
                          f"vocab_size is {model.config.vocab_size}")
-    before = _evaluate(model, tokenizer, ctx) if info.is_main else None
+    before = profile_eval(model, tokenizer, ctx.profile, ctx.progress) if info.is_main else None
     run = train_sft(model, tokenizer, profile.sft, seed=profile.seed,
                     files=dataset_files("sft", profile.data_dir), options=profile.train,
                     out_dir=ctx.out_dir, resume=ctx.resume, precision=ctx.precision,
@@ -292,22 +288,18 @@ def sft_stage(ctx: StageContext) -> dict:
         return {}
     model = model.cpu()
     save_model(model, ctx.out_dir)
-    evals = {"pretrain": before, "sft": _evaluate(model, tokenizer, ctx)}
-    _write_eval(ctx.out_dir, profile.eval_per_task, evals)
+    evals = {"pretrain": before, "sft": profile_eval(model, tokenizer, ctx.profile, ctx.progress)}
+    write_eval(ctx.out_dir, profile.eval_per_task, evals)
     print(eval_report(evals))
-    return {**_training_summary(run.rows), "examples": run.examples,
+    return {**training_summary(run.rows), "examples": run.examples,
             "skipped": run.skipped, "eval": EVAL_FILE,
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
             "perplexity": {n: e.perplexity for n, e in evals.items()}}
 
 
-def _dpo_sources(profile: Profile) -> list[Path]:
-    """On-policy DPO samples questions from the SFT data; offline DPO reads the DPO pairs."""
-    return dataset_files("sft" if profile.dpo.pairs == "on_policy" else "dpo", profile.data_dir)
-
-
-@register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=_dpo_sources,
-          serves=True,
+@register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=dpo_sources,
+          serves=True, settings="dpo", evaluates=True, title="DPO",
+          curves=("reward_margin", "reward_accuracy"),
           description="direct preference optimization of the SFT model against its frozen copy, "
                       "on pairs of its own graded answers (or the offline pairs); evaluates "
                       "before and after")
@@ -334,13 +326,13 @@ def dpo_stage(ctx: StageContext) -> dict:
                                  device=ctx.device)
     policy = policy.cpu()
     save_model(policy, ctx.out_dir)
-    evals = {"sft": sft_eval, "dpo": _evaluate(policy, tokenizer, ctx)}
-    _write_eval(ctx.out_dir, profile.eval_per_task, evals, beta=settings.beta,
+    evals = {"sft": sft_eval, "dpo": profile_eval(policy, tokenizer, ctx.profile, ctx.progress)}
+    write_eval(ctx.out_dir, profile.eval_per_task, evals, beta=settings.beta,
                 pairs=settings.pairs, pair_counts=pair_counts, preference=prefs.to_dict())
     print("held-out preference accuracy\n" + prefs.table() + "\n\nheld-out questions\n"
           + eval_report(evals))
     before, after = (summarize_preferences(p)["all"] for p in (prefs.sft, prefs.dpo))
-    return {**_training_summary(rows), "pairs": len(train_set), "pair_source": settings.pairs,
+    return {**training_summary(rows), "pairs": len(train_set), "pair_source": settings.pairs,
             "dropped": train_set.dropped, "eval": EVAL_FILE,
             "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
                                     "dpo_logprob": after.logprob_accuracy,
@@ -361,7 +353,7 @@ def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
         return DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
                                      settings.seq_len, max_examples=settings.max_examples,
                                      sample=visited, seed=profile.seed), {}
-    questions = _questions(profile, settings.tasks, settings.questions, "dpo")
+    questions = training_questions(profile, settings.tasks, settings.questions, "dpo")
     device = pick_device(ctx.device)
     precision = pick_precision(device, ctx.precision)
     policy.to(device)
@@ -376,34 +368,17 @@ def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
     return train_set, {task: asdict(c) for task, c in counts.items()}
 
 
-def _questions(profile: Profile, tasks: str, count: int | None, stage: str) -> list[Question]:
-    """A seeded sample of ``count`` checkable training questions of ``tasks`` (None: all)."""
-    records = (r for path in dataset_files("sft", profile.data_dir) for r in read_jsonl(path, "sft"))
-    questions = verifiable_questions(records, None)
-    if not questions:
-        raise ValueError(f"{stage}: no SFT record carries a 'task', so no answer can be checked "
-                         "(MiniMind's own SFT data has none); train on the bundled data"
-                         + (", or use --set dpo.pairs=offline" if stage == "dpo" else ""))
-    wanted = select_tasks(tasks, {q.task: q.family for q in questions})
-    questions = [q for q in questions if q.task in wanted]
-    return questions if count is None else reservoir_sample(questions, count, profile.seed)
-
-
 def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
                 tokenizer: BPETokenizer) -> ModelEval:
-    """The starting model's held-out record: read from its folder's ``eval.json`` when that
-    scored the same questions (same ``per_task``), else measured now."""
-    start = ctx.start_dir()
-    name = get_stage(ctx.stage).starts_from if ctx.init is None else start.name
-    if (start / EVAL_FILE).is_file():
-        saved = json.loads((start / EVAL_FILE).read_text(encoding="utf-8"))
-        if saved.get("per_task") == ctx.profile.eval_per_task and name in saved.get("models", {}):
-            return ModelEval.from_dict(saved["models"][name])
-    return _evaluate(model, tokenizer, ctx)
+    """The starting model's held-out record: its folder's own (``stage_eval.stored_eval``)
+    when that scored the same questions, else measured now."""
+    return (stored_eval(ctx.start_dir(), ctx.profile.eval_per_task)
+            or profile_eval(model, tokenizer, ctx.profile, ctx.progress))
 
 
 @register("grpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("sft"),
-          serves=True, in_all=False,
+          serves=True, in_all=False, settings="grpo", evaluates=True, title="GRPO",
+          curves=("reward", "kl", "response_length"),
           description="GRPO with verifiable rewards: groups of sampled answers to checkable "
                       "questions, rewarded by the exact-match checker; evaluates before and after")
 def grpo_stage(ctx: StageContext) -> dict:
@@ -414,7 +389,7 @@ def grpo_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.grpo
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
-    questions = _questions(profile, settings.tasks, None, "grpo")
+    questions = training_questions(profile, settings.tasks, None, "grpo")
     # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
     held_out = verifiable_questions(select_per_task(load_eval_records(),
                                                     min(50, profile.eval_per_task)), settings.tasks)
@@ -431,11 +406,11 @@ def grpo_stage(ctx: StageContext) -> dict:
               "right. Start from a model that sometimes does, e.g. --init data/reference/sft")
     policy = policy.cpu()
     save_model(policy, ctx.out_dir)
-    evals = {"sft": before, "grpo": _evaluate(policy, tokenizer, ctx)}
-    _write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
+    evals = {"sft": before, "grpo": profile_eval(policy, tokenizer, ctx.profile, ctx.progress)}
+    write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
     print("held-out questions\n" + eval_report(evals))
     fifth = max(1, len(rows) // 5)
-    return {**_training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
+    return {**training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
             "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
                        "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
@@ -443,7 +418,8 @@ def grpo_stage(ctx: StageContext) -> dict:
                                   for n, e in evals.items() if "skill" in summarize(e.tasks)}}
 
 
-@register("quantize", requires=("tokenizer", "dpo"), starts_from="dpo",
+@register("quantize", requires=("tokenizer", "dpo"), starts_from="dpo", evaluates=True,
+          title="Quantisation",
           description="int8 weight-only quantisation of the DPO model; size, speed and quality "
                       "of fp32/fp16/bf16/int8")
 def quantize_stage(ctx: StageContext) -> dict:
@@ -459,16 +435,14 @@ def quantize_stage(ctx: StageContext) -> dict:
         probe = torch.arange(min(16, model.config.vocab_size))[None]  # (1, 16)
         if not torch.equal(load_model(ctx.out_dir)(probe).logits, qmodel(probe).logits):
             raise RuntimeError(f"{ctx.out_dir}: the reloaded int8 model differs from the saved one")
-    for f in sorted(ctx.dir("tokenizer").glob("*.json")):
-        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):  # the folder is self-contained
-            shutil.copyfile(f, ctx.out_dir / f.name)
+    copy_tokenizer_files(ctx.dir("tokenizer"), ctx.out_dir)  # the folder is self-contained
 
     result = measure_formats(model, ctx.tokenizer(), eval_per_task=profile.eval_per_task,
                              seq_len=profile.sft.seq_len,
                              prompt_len=min(256, profile.pretrain.seq_len), device=ctx.device,
                              progress=ctx.progress)
     rows = result.rows
-    _write_eval(ctx.out_dir, result.per_task, result.evals,
+    write_eval(ctx.out_dir, result.per_task, result.evals,
                 perplexity_tokens=result.perplexity_tokens)
     atomic_write_text(ctx.out_dir / METRICS_FILE,
                       "".join(json.dumps(asdict(r)) + "\n" for r in rows))
@@ -486,6 +460,7 @@ def quantize_stage(ctx: StageContext) -> dict:
 # --- optional stages (not part of `all`) ------------------------------------------------------
 
 @register("vision", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          settings="vision",
           description="a tiny CLIP on synthetic pictures, then a MiniMind-V style VLM on the SFT "
                       "model; zero-shot and held-out VQA exact-match (notebook 13)")
 def vision_stage(ctx: StageContext) -> dict:
@@ -511,9 +486,7 @@ def vision_stage(ctx: StageContext) -> dict:
     train_vlm(vlm, tokenizer, settings, out_dir=ctx.out_dir / VLM_DIR, **run)
     vlm = vlm.cpu().eval()
     save_vlm(vlm, ctx.out_dir / VLM_DIR)
-    for f in sorted(ctx.dir("tokenizer").glob("*.json")):  # serve --model finds them
-        if f.name not in (MARKER_FILE, RUN_CONFIG_FILE):
-            shutil.copyfile(f, ctx.out_dir / VLM_DIR / f.name)
+    copy_tokenizer_files(ctx.dir("tokenizer"), ctx.out_dir / VLM_DIR)  # serve --model finds it
     result = vision_eval(evaluate_clip(clip, tokenizer, profile.seed, settings.eval_images),
                          evaluate_vqa(vlm, tokenizer, profile.seed, settings.eval_images,
                                       progress=ctx.progress),
@@ -528,49 +501,6 @@ def vision_stage(ctx: StageContext) -> dict:
         "eval": EVAL_FILE, "metrics": METRICS_FILE, "models": [CLIP_DIR, VLM_DIR],
         "final_loss": {phase: next(r["loss"] for r in reversed(rows) if r["phase"] == phase)
                        for phase in (CLIP_DIR, VLM_DIR)}}
-#: Training conversations per task of the lora stage's generated data (minimind_lib.data.hanzi_codes).
-LORA_TRAIN_PER_TASK = 5000
-#: The SFT conversations the lora stage's replay samples from: the first ones of the files.
-REPLAY_POOL = 20_000
-
-
-def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict]:
-    """The lora stage's training conversations: the new task's (``domain.task_records``),
-    plus ``settings.replay`` of them from the profile's SFT data (``lora.with_replay``)."""
-    new = task_records("train", LORA_TRAIN_PER_TASK, profile.seed)
-    if settings.replay == 0:
-        return new
-    old = list(itertools.islice(sft_records(dataset_files("sft", profile.data_dir)),
-                                REPLAY_POOL))
-    return with_replay(new, old, settings.replay, profile.seed)
-
-
-def _lora_eval(model: MiniMindForCausalLM, tokenizer: BPETokenizer, ctx: StageContext,
-               measured: ModelEval | None = None) -> ModelEval:
-    """Held-out questions of the new task family (``domain.task_records("eval")``) beside the
-    SFT's held-out tasks, perplexity and bits per byte (``measured``: those, when known)."""
-    base = measured or _evaluate(model, tokenizer, ctx)
-    domain = evaluate_sft(model, tokenizer, task_records("eval", ctx.profile.eval_per_task),
-                          progress=ctx.progress)
-    return ModelEval({**base.tasks, **domain}, base.perplexity, base.bits_per_byte)
-
-
-def _stored_eval(start: Path, per_task: int) -> ModelEval | None:
-    """The start model's own held-out record, when its folder's ``eval.json`` has one over
-    ``per_task`` questions a task: the entry named by its ``stage.json`` (a stage folder), or
-    the only entry (data/reference/sft). Otherwise None: measure it."""
-    path = start / EVAL_FILE
-    if not path.is_file():
-        return None
-    stored = json.loads(path.read_text(encoding="utf-8"))
-    models = stored.get("models", {})
-    marker = read_marker(start)
-    name = marker["stage"] if marker else next(iter(models)) if len(models) == 1 else None
-    if stored.get("per_task") != per_task or name not in models:
-        return None
-    return ModelEval.from_dict(models[name])
-
-
 def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCausalLM:
     """Fold the adapters into the weights and save the result in ``merged/`` (a model folder
     with the tokenizer files); refuse if it does not compute what the adapted model did."""
@@ -585,14 +515,12 @@ def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCa
             raise RuntimeError("the merged model's logits differ from the adapted model's")
     merged_dir = ctx.out_dir / MERGED_DIR
     save_model(merged, merged_dir)
-    for name in TOKENIZER_FILES:  # so `serve --model <out>/lora/merged` finds its tokenizer
-        if (ctx.dir("tokenizer") / name).is_file():
-            shutil.copyfile(ctx.dir("tokenizer") / name, merged_dir / name)
+    copy_tokenizer_files(ctx.dir("tokenizer"), merged_dir)  # serve --model finds it
     return merged
 
 
 @register("lora", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
-          sources=training_data("sft"),
+          sources=training_data("sft"), settings="lora", evaluates=True, title="LoRA", curves=(),
           description="LoRA fine-tune of the SFT model on a new task (codes read in Chinese "
                       "numerals and back); the adapter in PEFT's format, the merged model in "
                       "merged/; evaluates before and after")
@@ -606,7 +534,8 @@ def lora_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.lora
     tokenizer, start = ctx.tokenizer(), ctx.start_dir()
     model = load_model(start)
-    before = _lora_eval(model, tokenizer, ctx, _stored_eval(start, profile.eval_per_task))
+    before = domain_eval(model, tokenizer, profile, stored_eval(start, profile.eval_per_task),
+                         ctx.progress)
     seed_everything(profile.seed)  # the adapters' random A: the same run, the same start
     adapted = add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
                        target_modules=settings.target_modules)
@@ -621,13 +550,14 @@ def lora_stage(ctx: StageContext) -> dict:
     model = model.cpu()
     save_adapter(model, ctx.out_dir, base_model_name_or_path=str(start))
     merged = _save_merged(model, ctx)
-    evals = {"sft": before, "lora": _lora_eval(merged, tokenizer, ctx)}
+    evals = {"sft": before, "lora": domain_eval(merged, tokenizer, profile,
+                                                progress=ctx.progress)}
     adapter = {"rank": settings.rank, "alpha": settings.alpha,
                "target_modules": list(settings.target_modules),
                "trainable_parameters": counts.trainable, "total_parameters": counts.total}
-    _write_eval(ctx.out_dir, profile.eval_per_task, evals, adapter=adapter)
+    write_eval(ctx.out_dir, profile.eval_per_task, evals, adapter=adapter)
     print(eval_report(evals))
-    return {**_training_summary(rows), **adapter, "eval": EVAL_FILE,
+    return {**training_summary(rows), **adapter, "eval": EVAL_FILE,
             "adapter_files": [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE], "merged": MERGED_DIR,
             "exact_match": {n: {fam: s.exact_match for fam, s in summarize(e.tasks).items()}
                             for n, e in evals.items()}}

@@ -46,13 +46,12 @@ from minimind_lib.core.filenames import CONFIG_FILE
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.model.positions import rope_frequencies
-from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, bytes_to_unicode
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, bytes_to_unicode, copy_tokenizer_files
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START, SPECIAL_TOKENS
 
 #: Token ids of the pad, bos and eos tokens (the specials' fixed ids, minimind_lib.tokenizer).
 PAD_ID, BOS_ID, EOS_ID = (SPECIAL_TOKENS.index(t) for t in (END_OF_TEXT, IM_START, IM_END))
 #: Copied from the tokenizer folder by ``save_pretrained`` (the first two are required).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def check_exportable(config: MiniMindConfig) -> None:
@@ -231,13 +230,12 @@ def save_pretrained(
     ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` (offline).
     """
     directory = Path(directory)
-    tok_files = _tokenizer_files(Path(tokenizer_dir)) if tokenizer_dir is not None else []
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
+        if tokenizer_dir is not None:  # first: a missing tokenizer fails before any work
+            copy_tokenizer_files(tokenizer_dir, staging)
         to_hf(model).save_pretrained(staging)
-        for src in tok_files:
-            shutil.copy2(src, staging / src.name)
         _replace_dir(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -298,17 +296,6 @@ class ByteLevelTokenizer:
             return self._added[token_id].encode("utf-8")
         token = self.hf.convert_ids_to_tokens(token_id)
         return bytes(self._byte_of[c] for c in token)
-
-
-def _tokenizer_files(tokenizer_dir: Path) -> list[Path]:
-    required = TOKENIZER_FILES[:2]
-    missing = [name for name in required if not (tokenizer_dir / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"tokenizer folder {tokenizer_dir} lacks {', '.join(missing)} "
-            "(build it with notebook 01 / `python -m minimind_lib tokenizer`, "
-            "or pass tokenizer_dir=None to save the model only)")
-    return [tokenizer_dir / n for n in TOKENIZER_FILES if (tokenizer_dir / n).is_file()]
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import json
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,7 +23,7 @@ from pathlib import Path
 import regex
 
 from minimind_lib import DATA_DIR
-from minimind_lib.core.filenames import TOKENIZER_FILE
+from minimind_lib.core.filenames import TOKENIZER_FILE, TOKENIZER_FILES
 from minimind_lib.tokenizer.special import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
 
 #: The course tokenizer: ``train_bpe(<texts of COURSE_CORPUS>, COURSE_VOCAB_SIZE)``,
@@ -478,6 +479,30 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> BPETokenizer:
     if path is COURSE_TOKENIZER and not path.is_file():
         raise FileNotFoundError(f"{path} is missing; rebuild it with `python scripts/train_tokenizer.py`")
     return BPETokenizer.from_file(path)
+
+
+def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
+    """Put the tokenizer of ``tokenizer_dir`` (a run's ``tokenizer`` stage, or any
+    ``save_pretrained`` folder) beside the model in ``model_dir``, so ``serve --model``,
+    ``export`` and ``transformers.AutoTokenizer`` find it there: ``TOKENIZER_FILES``, of which
+    ``tokenizer.json`` and ``tokenizer_config.json`` must exist (an error names what is missing).
+
+    >>> import tempfile
+    >>> model_dir = Path(tempfile.mkdtemp())
+    >>> copy_tokenizer_files(COURSE_TOKENIZER_DIR, model_dir)
+    >>> sorted(p.name for p in model_dir.iterdir())
+    ['special_tokens_map.json', 'tokenizer.json', 'tokenizer_config.json']
+    """
+    tokenizer_dir, model_dir = Path(tokenizer_dir), Path(model_dir)
+    missing = [name for name in TOKENIZER_FILES[:2] if not (tokenizer_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"tokenizer folder {tokenizer_dir} lacks {', '.join(missing)} (build it with "
+            "notebook 01 / `python -m minimind_lib tokenizer`)")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, model_dir / name)
 
 
 def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:

@@ -44,8 +44,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import random
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -54,7 +52,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -67,10 +64,13 @@ from minimind_lib.core.device import (
     Precision,
     pick_device,
     pick_precision,
+    rng_state,
     seed_everything,
+    set_rng_state,
 )
 from minimind_lib.core.filenames import METRICS_FILE
 from minimind_lib.model.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from minimind_lib.training.distributed import DistInfo, init_distributed
 from minimind_lib.training.settings import LossFn, TrainConfig
 
 #: A validation plug-in: ``eval_fn(model) -> {name: value}``, merged into the step's row.
@@ -150,63 +150,6 @@ class StepBatchSampler:
 
     def __len__(self) -> int:
         return max(0, self.max_steps - self.start_step) * self.accumulation_steps
-
-
-# --- distributed -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed() -> DistInfo:
-    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1), once.
-
-    NCCL on CUDA, gloo on CPU. Without torchrun (or with one process) nothing happens.
-    """
-    if dist.is_available() and dist.is_initialized():
-        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
-        return DistInfo()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
-
-
-# --- RNG state (for bit-exact resume) ----------------------------------------------------
-
-
-def rng_state() -> dict:
-    """Python, NumPy and torch RNG states as tensors and plain values (``weights_only``-safe)."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
-                       "has_gauss": has_gauss, "gauss": gauss}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Inverse of ``rng_state``."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # --- pieces of the loop ------------------------------------------------------------------

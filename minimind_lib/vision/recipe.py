@@ -41,10 +41,26 @@ from minimind_lib.vision.vqa import (
 # --- the settings -------------------------------------------------------------------------
 
 
+def vision_training(batch_size: int, learning_rate: float, steps: int, *, seq_len: int,
+                    warmup_steps: int = 20) -> TrainSettings:
+    """One of the vision stage's two trainings: ``steps`` of ``batch_size`` pictures (or
+    questions), saved once at the end, warming up over ``warmup_steps`` (at most all but one).
+    ``seq_len`` bounds a caption (CLIP) or a prompt with its picture tokens (VLM).
+
+    >>> vision_training(64, 2e-3, 5, seq_len=32).warmup_steps
+    4
+    """
+    return TrainSettings(batch_size=batch_size, seq_len=seq_len, learning_rate=learning_rate,
+                         max_steps=steps, warmup_steps=min(warmup_steps, steps - 1),
+                         eval_every=steps, save_every=steps)
+
+
 @dataclass(frozen=True)
 class VisionSettings:
-    """The ``vision`` stage's hyper-parameters (``profile.vision``; ``--set vision.clip_steps=..``):
-    the synthetic data, the tiny CLIP's size and training, the VLM's training.
+    """The ``vision`` stage's hyper-parameters (``profile.vision``): the synthetic data, the
+    tiny CLIP's size (``clip``) and training (``clip_training``), the VLM's training
+    (``vlm_training``), each nested like every other stage's settings:
+    ``--set vision.clip.embed_dim=..``, ``--set vision.vlm_training.max_steps=..``.
 
     >>> VisionSettings().image_tokens     # 8 x 8 patches of 8 pixels, 2 x 2 merged, + 1 picture
     17
@@ -61,25 +77,23 @@ class VisionSettings:
     eval_images: int = 100  # held-out pictures; each is asked all ten questions
     # the tiny CLIP's sizes (--set vision.clip.embed_dim=..; vocab_size follows the tokenizer)
     clip: CLIPConfig = field(default_factory=CLIPConfig)
-    clip_steps: int = 300
-    clip_batch_size: int = 64
-    clip_learning_rate: float = 2e-3
+    # its training: batches of captioned pictures (seq_len: the longest caption)
+    clip_training: TrainSettings = field(
+        default_factory=lambda: vision_training(64, 2e-3, 300, seq_len=32))
     # the VLM
     merge: int = 2  # the projector merges merge x merge patches into one LM token
-    vlm_steps: int = 300
-    vlm_batch_size: int = 16
-    vlm_learning_rate: float = 1e-3
     train_lm: bool = True  # False: train the projector only (MiniMind-V's pretraining stage)
-    warmup_steps: int = 20
+    # its training: batches of questions about pictures (seq_len: picture tokens + prompt)
+    vlm_training: TrainSettings = field(
+        default_factory=lambda: vision_training(16, 1e-3, 300, seq_len=64))
 
     def __post_init__(self) -> None:
-        require_positive(self, "train_images", "eval_images", "clip_steps", "clip_batch_size",
-                         "clip_learning_rate", "merge", "vlm_steps", "vlm_batch_size",
-                         "vlm_learning_rate", "warmup_steps")
+        require_positive(self, "train_images", "eval_images", "merge")
         check_shares(self.recoloured, self.reshaped)
-        if self.train_images < self.clip_batch_size:
+        if self.train_images < self.clip_training.batch_size:
             raise ValueError(f"VisionSettings.train_images ({self.train_images}) must be at least "
-                             f"clip_batch_size ({self.clip_batch_size}): one batch of pictures")
+                             f"clip_training.batch_size ({self.clip_training.batch_size}): one "
+                             "batch of pictures")
         grid = self.clip.grid
         if grid % self.merge:
             raise ValueError(f"VisionSettings.merge ({self.merge}) must divide the patch grid "
@@ -94,17 +108,15 @@ class VisionSettings:
         """LM tokens per picture (``Projector.tokens_for``)."""
         return Projector.tokens_for(self.clip.grid, self.merge)
 
-    def clip_training(self) -> TrainSettings:
-        return TrainSettings(batch_size=self.clip_batch_size, seq_len=32,
-                             learning_rate=self.clip_learning_rate, max_steps=self.clip_steps,
-                             warmup_steps=min(self.warmup_steps, self.clip_steps - 1),
-                             eval_every=self.clip_steps, save_every=self.clip_steps)
 
-    def vlm_training(self) -> TrainSettings:
-        return TrainSettings(batch_size=self.vlm_batch_size, seq_len=64,
-                             learning_rate=self.vlm_learning_rate, max_steps=self.vlm_steps,
-                             warmup_steps=min(self.warmup_steps, self.vlm_steps - 1),
-                             eval_every=self.vlm_steps, save_every=self.vlm_steps)
+
+def with_vlm_steps(settings: VisionSettings, steps: int) -> VisionSettings:
+    """``settings`` with a VLM training of ``steps`` steps, the rest of it unchanged (its
+    warmup capped to ``steps - 1``, saved at the end), as the scripts' step sweeps need."""
+    vlm = settings.vlm_training
+    return replace(settings, vlm_training=vision_training(
+        vlm.batch_size, vlm.learning_rate, steps, seq_len=vlm.seq_len,
+        warmup_steps=vlm.warmup_steps))
 
 
 # --- training both, evaluating both --------------------------------------------------------
@@ -119,7 +131,7 @@ def train_clip(clip: CLIP, tokenizer: BPETokenizer, settings: VisionSettings, *,
     data = CaptionDataset(tokenizer, settings.train_images, seed=seed,
                           recoloured=settings.recoloured, reshaped=settings.reshaped,
                           max_text_len=clip.config.max_text_len)
-    config = TrainConfig.from_stage(settings.clip_training(), options, out_dir=out_dir,
+    config = TrainConfig.from_stage(settings.clip_training, options, out_dir=out_dir,
                                     precision=precision, device=device, seed=seed,
                                     progress=progress)
     return train(clip, data, config, loss_fn=clip_batch_loss, collate_fn=data.collate,
@@ -136,7 +148,7 @@ def train_vlm(vlm: VisionLanguageModel, tokenizer: BPETokenizer, settings: Visio
     vlm.lm.requires_grad_(settings.train_lm)
     data = VQADataset(tokenizer, settings.train_images, seed=seed, image_tokens=vlm.image_tokens,
                       recoloured=settings.recoloured, reshaped=settings.reshaped)
-    config = TrainConfig.from_stage(settings.vlm_training(), options, out_dir=out_dir,
+    config = TrainConfig.from_stage(settings.vlm_training, options, out_dir=out_dir,
                                     precision=precision, device=device, seed=seed,
                                     progress=progress)
     return train(vlm, data, config, loss_fn=vqa_loss, collate_fn=data.collate, resume=resume,

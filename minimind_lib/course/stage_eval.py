@@ -1,0 +1,84 @@
+"""How the stages score their models (notebooks 05-10): the held-out record of one model in a
+profile (``profile_eval``), the one reader of a stored record (``stored_eval``: a stage reuses
+its starting model's instead of measuring it again), and the stage's ``eval.json``.
+
+A stage folder's ``eval.json`` holds ``{"per_task": N, ..., "models": {name: ModelEval}}``: the
+models the stage compares (its start and its result) under their stage names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.filenames import EVAL_FILE, MARKER_FILE, METRICS_FILE
+from minimind_lib.course.profiles import Profile
+from minimind_lib.data.hanzi_codes import task_records
+from minimind_lib.evaluation.model_eval import ModelEval, evaluate_model
+from minimind_lib.evaluation.questions import evaluate_sft
+from minimind_lib.tokenizer.bpe import BPETokenizer
+
+
+def profile_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,
+                 progress: bool = True) -> ModelEval:
+    """``model``'s held-out record as every stage of ``profile`` measures it: ``eval_per_task``
+    questions a task (answered within the SFT sequence length), perplexity, bits per byte."""
+    return evaluate_model(model, tokenizer, per_task=profile.eval_per_task,
+                          seq_len=profile.sft.seq_len, progress=progress)
+
+
+def domain_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,
+                measured: ModelEval | None = None, progress: bool = True) -> ModelEval:
+    """``profile_eval`` (or ``measured``, when known) plus the held-out questions of the LoRA
+    stage's new task family (``hanzi_codes.task_records("eval")``)."""
+    base = measured or profile_eval(model, tokenizer, profile, progress)
+    domain = evaluate_sft(model, tokenizer, task_records("eval", profile.eval_per_task),
+                          progress=progress)
+    return ModelEval({**base.tasks, **domain}, base.perplexity, base.bits_per_byte)
+
+
+def stored_eval(model_dir: str | Path, per_task: int) -> ModelEval | None:
+    """The held-out record a model folder carries of itself, when its ``eval.json`` scored
+    ``per_task`` questions a task: the entry named by its ``stage.json`` (a stage folder; e.g.
+    ``sft`` in ``runs/cpu/sft``), or the only entry of a folder without one
+    (``data/reference/sft``). Otherwise None: measure it.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> record = '{"per_task": 5, "models": {"sft": {"tasks": {}, "perplexity": 9.5}}}'
+    >>> _ = (d / "eval.json").write_text(record)
+    >>> stored_eval(d, 5).perplexity, stored_eval(d, 20)
+    (9.5, None)
+    """
+    path = Path(model_dir) / EVAL_FILE
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    models = stored.get("models", {})
+    marker = Path(model_dir) / MARKER_FILE
+    if marker.is_file():
+        name = json.loads(marker.read_text(encoding="utf-8")).get("stage")
+    else:
+        name = next(iter(models)) if len(models) == 1 else None
+    if stored.get("per_task") != per_task or name not in models:
+        return None
+    return ModelEval.from_dict(models[name])
+
+
+def write_eval(out_dir: Path, per_task: int, evals: dict[str, ModelEval],
+               **extra: object) -> None:
+    """A stage's ``eval.json``: ``per_task``, ``extra`` fields, then each model's record."""
+    atomic_write_text(out_dir / EVAL_FILE, json.dumps(
+        {"per_task": per_task, **extra,
+         "models": {name: e.to_dict() for name, e in evals.items()}}, indent=2) + "\n")
+
+
+def training_summary(rows: list[dict]) -> dict:
+    """The headline of a training stage's ``stage.json`` summary: its last metrics row."""
+    last = rows[-1] if rows else {}
+    return {"steps": last.get("step"), "final_loss": last.get("loss"),
+            "final_val_loss": last.get("val_loss"), "tokens": last.get("tokens"),
+            "metrics": METRICS_FILE}

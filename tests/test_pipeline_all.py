@@ -12,7 +12,8 @@ from minimind_lib.course.pipeline import find_model_dir, stages_in_all
 from minimind_lib.course.profiles import get_profile
 from minimind_lib.course.stages import read_marker
 from minimind_lib.model.checkpoint import load_model
-from minimind_lib.model.quantize import QuantLinear, model_size_bytes
+from minimind_lib.model.int8 import QuantLinear
+from minimind_lib.model.quantize import model_size_bytes
 
 STAGES = tuple(s.name for s in stages_in_all())
 

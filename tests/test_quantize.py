@@ -15,13 +15,9 @@ from minimind_lib.core.filenames import QUANT_FILE
 from minimind_lib.evaluation.precision import build_formats, compare_formats, formats_table
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.model.checkpoint import CheckpointMismatchError, load_model, save_model
+from minimind_lib.model.int8 import QMAX, QuantEmbedding, QuantLinear, absmax_quantize, dequantize
 from minimind_lib.model.quantize import (
-    QMAX,
-    QuantEmbedding,
-    QuantLinear,
-    absmax_quantize,
     cast_model,
-    dequantize,
     model_size_bytes,
     quantization_groups,
     quantize_dynamic_torch,

@@ -77,7 +77,7 @@ from minimind_lib.evaluation.questions import (
 )
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.model.decoder import MiniMindForCausalLM
-from minimind_lib.model.quantize import FORMAT as INT8_FORMAT
+from minimind_lib.model.int8 import FORMAT as INT8_FORMAT
 from minimind_lib.model.quantize import quantize_int8
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer, copy_tokenizer_files
 from minimind_lib.training.distributed import init_distributed

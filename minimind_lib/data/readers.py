@@ -21,9 +21,9 @@ from pathlib import Path
 from minimind_lib import DATA_DIR
 from minimind_lib.core.download import MINIMIND_FILES
 from minimind_lib.tokenizer.bpe import text_problem
+from minimind_lib.tokenizer.chat import CHAT_ROLES
 
 SCHEMAS = ("pretrain", "sft", "dpo")
-ROLES = ("system", "user", "assistant")
 
 
 class DataFormatError(ValueError):
@@ -46,8 +46,8 @@ def _check_messages(messages: object, field: str) -> str | None:
         for key in ("role", "content"):
             if key not in m:
                 return f"{field}[{i}] has no {key!r}"
-        if m["role"] not in ROLES:
-            return f"{field}[{i}].role is {m['role']!r}; expected one of {', '.join(ROLES)}"
+        if m["role"] not in CHAT_ROLES:
+            return f"{field}[{i}].role is {m['role']!r}; expected one of {', '.join(CHAT_ROLES)}"
         if not isinstance(m["content"], str):
             return f"{field}[{i}].content must be a string, got {type(m['content']).__name__}"
         problem = text_problem(m["content"])

@@ -113,7 +113,7 @@ def gguf_name(name: str) -> str:
 # --- writing -----------------------------------------------------------------------------
 
 
-def check_exportable(config: MiniMindConfig, source: str) -> None:
+def check_gguf_exportable(config: MiniMindConfig, source: str) -> None:
     """Refuse a model llama.cpp's ``llama`` architecture cannot run the same way."""
     unsupported = {  # getattr: a config written before these options existed has none of them
         "use_moe": (getattr(config, "use_moe", False), False),
@@ -196,7 +196,7 @@ def write_gguf(model: MiniMindForCausalLM, tokenizer: BPETokenizer, path: str | 
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(GGUF_DTYPES)}, got {dtype!r}")
     config = model.config
-    check_exportable(config, name)
+    check_gguf_exportable(config, name)
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
     tensors = _gguf_tensors(model, dtype)
@@ -318,7 +318,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str,
                          "came from (e.g. the dpo stage) instead, with --dtype q8_0 for 8 bits")
     if format == "gguf" and Path(out).is_dir():
         raise ValueError(f"{out} is a folder; --out names the .gguf file to write")
-    check_exportable(read_config(model_dir), str(model_dir))
+    check_gguf_exportable(read_config(model_dir), str(model_dir))
     model, tokenizer = load_model(model_dir), find_tokenizer(model_dir)
     if format == "gguf":
         return write_gguf(model, tokenizer, out, dtype or "f16",

@@ -52,8 +52,8 @@ from minimind_lib.core.filenames import (
 )
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import MiniMindForCausalLM
-from minimind_lib.model.quantize import FORMAT as INT8_FORMAT
-from minimind_lib.model.quantize import install_int8_layers, quantized_groups
+from minimind_lib.model.int8 import FORMAT as INT8_FORMAT
+from minimind_lib.model.int8 import install_int8_layers, quantized_groups
 
 #: The key of the model config in the safetensors header of a model folder's weights.
 CONFIG_METADATA_KEY = "minimind_config"

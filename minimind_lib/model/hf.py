@@ -54,10 +54,10 @@ PAD_ID, BOS_ID, EOS_ID = (SPECIAL_TOKENS.index(t) for t in (END_OF_TEXT, IM_STAR
 #: Copied from the tokenizer folder by ``save_pretrained`` (the first two are required).
 
 
-def check_exportable(config: MiniMindConfig) -> None:
+def check_hf_exportable(config: MiniMindConfig) -> None:
     """Raise ValueError naming the first setting of ``config`` a Llama cannot express.
 
-    >>> check_exportable(MiniMindConfig(use_moe=True))
+    >>> check_hf_exportable(MiniMindConfig(use_moe=True))
     Traceback (most recent call last):
     ...
     ValueError: cannot express use_moe=True as a transformers Llama (it has one dense FFN ...
@@ -94,7 +94,7 @@ def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
     """The ``transformers.LlamaConfig`` describing the same network as ``config``."""
     from transformers import LlamaConfig
 
-    check_exportable(config)
+    check_hf_exportable(config)
 
     return LlamaConfig(
         vocab_size=config.vocab_size,
@@ -126,7 +126,7 @@ def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):
     ``attn_implementation`` is "sdpa" or "eager" (HF's manual path).  Dropout inside the
     residual stream has no Llama equivalent, so ``model.config.dropout`` must be 0 for
     training-mode equality (eval mode is always equal).  Configs a Llama cannot express
-    raise ValueError (``check_exportable``).
+    raise ValueError (``check_hf_exportable``).
     """
     from transformers import LlamaForCausalLM
 

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny import tiny_model as shared_tiny_model
 
 from minimind_lib.evaluation.perplexity import bits_per_byte, perplexity
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.model.hf import ByteLevelTokenizer, save_pretrained
 from minimind_lib.tokenizer import load_tokenizer
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR
@@ -21,10 +22,10 @@ TEXTS = ["The cat sat on the mat.", "床前明月光，疑是地上霜。举头�
 
 
 def tiny_model(seed: int = 0, context: int = 64) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=context, tie_word_embeddings=False)).eval()
+    """``tiny.tiny_model`` with two layers, an untied head and ``context`` positions."""
+    return shared_tiny_model(seed, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=context,
+                             tie_word_embeddings=False).eval()
 
 
 def reference_bits_per_byte(model, texts, context):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import tiny_model as shared_tiny_model
 from torch import nn
 
 from minimind_lib.data import DataFormatError
@@ -27,7 +28,7 @@ from minimind_lib.evaluation.questions import (
     select_per_task,
     summarize,
 )
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.tokenizer import encode_chat, load_tokenizer
 
 TOK = load_tokenizer()
@@ -35,10 +36,8 @@ IM_END, EOT = TOK.token_to_id("<|im_end|>"), TOK.token_to_id("<|endoftext|>")
 
 
 def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=2,
-                                               num_attention_heads=4, num_key_value_heads=2,
-                                               max_position_embeddings=512))
+    model = shared_tiny_model(seed, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, max_position_embeddings=512)
     # larger weights than the 0.02 init: confident, varied greedy choices (no near-ties)
     with torch.no_grad():
         for p in model.parameters():

@@ -8,12 +8,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import tiny_model as shared_tiny_model
 from torch import nn
 from torch.utils.data import Dataset
 
 from minimind_lib.core.filenames import QUANT_FILE
 from minimind_lib.evaluation.precision import build_formats, compare_formats, formats_table
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.model.checkpoint import CheckpointMismatchError, load_model, save_model
 from minimind_lib.model.int8 import QMAX, QuantEmbedding, QuantLinear, absmax_quantize, dequantize
 from minimind_lib.model.quantize import (
@@ -26,13 +27,13 @@ from minimind_lib.model.quantize import (
 )
 from minimind_lib.training import TrainConfig, train
 
-TINY = MiniMindConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128)
+TINY = dict(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)
 
 
 def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(TINY).eval()
+    """``tiny.tiny_model`` wider (64) and deeper (2), over a 64-token vocabulary, in eval mode."""
+    return shared_tiny_model(seed, **TINY).eval()
 
 
 # --------------------------------------------------------------------------- absmax
@@ -111,7 +112,7 @@ def test_quantize_int8_on_minimind_keeps_the_tie_and_shrinks_4x():
     expected = n_matrix + 4 * rows + 4 * (n_params - n_matrix)
     assert model_size_bytes(model) == 4 * n_params
     assert model_size_bytes(qm) == expected
-    x = torch.randint(0, TINY.vocab_size, (2, 16))
+    x = torch.randint(0, TINY["vocab_size"], (2, 16))
     with torch.no_grad():
         # untrained weights: logits differ by a small fraction of their own spread
         diff = (qm(x).logits - model(x).logits).abs().max()
@@ -122,9 +123,9 @@ def test_groups_skip_and_linear_only():
     model = tiny_model()
     groups = quantization_groups(model)
     assert ["model.embed_tokens", "lm_head"] in groups
-    assert len(groups) == 1 + 7 * TINY.num_hidden_layers
+    assert len(groups) == 1 + 7 * TINY["num_hidden_layers"]
     linear_only = quantization_groups(model, embeddings=False)  # tied pair is not all Linear
-    assert all(len(g) == 1 for g in linear_only) and len(linear_only) == 7 * TINY.num_hidden_layers
+    assert all(len(g) == 1 for g in linear_only) and len(linear_only) == 7 * TINY["num_hidden_layers"]
     qm = quantize_int8(model, skip=["model.layers.0.mlp.down_proj", "lm_head"])
     assert isinstance(qm.model.layers[0].mlp.down_proj, nn.Linear)
     assert isinstance(qm.model.embed_tokens, nn.Embedding)  # half a tie skipped: both stay fp32
@@ -149,7 +150,7 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     for (k, a), (k2, b) in zip(qm.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k == k2 and a.dtype == b.dtype and torch.equal(a, b), k
-    x = torch.randint(0, TINY.vocab_size, (2, 12))
+    x = torch.randint(0, TINY["vocab_size"], (2, 12))
     with torch.no_grad():
         assert torch.equal(qm(x).logits, loaded(x).logits)
     # the file holds what model_size_bytes counts, plus a small json header
@@ -190,11 +191,11 @@ class MarkovTokens(Dataset):
 
     def __init__(self, n: int, seq_len: int, seed: int) -> None:
         table = torch.Generator().manual_seed(1234)  # the same chain for train and held-out
-        logits = torch.randn(TINY.vocab_size, TINY.vocab_size, generator=table) * 3
+        logits = torch.randn(TINY["vocab_size"], TINY["vocab_size"], generator=table) * 3
         probs = logits.softmax(-1)  # (V, V): row i = next-token distribution after token i
         g = torch.Generator().manual_seed(seed)
         seqs = torch.empty(n, seq_len, dtype=torch.long)
-        seqs[:, 0] = torch.randint(0, TINY.vocab_size, (n,), generator=g)
+        seqs[:, 0] = torch.randint(0, TINY["vocab_size"], (n,), generator=g)
         for t in range(1, seq_len):
             seqs[:, t] = torch.multinomial(probs[seqs[:, t - 1]], 1, generator=g).squeeze(1)
         self.seqs = seqs
@@ -224,7 +225,7 @@ def perplexity(model: nn.Module, seqs: torch.Tensor) -> float:
 def test_int8_perplexity_within_a_few_percent(trained):
     model, held_out = trained
     base = perplexity(model, held_out)
-    assert base < TINY.vocab_size / 3  # the model did learn the chain (uniform would be 64)
+    assert base < TINY["vocab_size"] / 3  # the model did learn the chain (uniform would be 64)
     ours = perplexity(quantize_int8(model), held_out)
     # "a few percent": int8 per-channel weights typically cost well under 1% here; 3% is the bar
     assert abs(ours / base - 1) < 0.03, (base, ours)

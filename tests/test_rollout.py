@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_model
 
 from minimind_lib.data import read_jsonl
 from minimind_lib.data.readers import dataset_files
 from minimind_lib.evaluation.questions import Answer, generate_answers
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 from minimind_lib.tokenizer import END_OF_TEXT, IM_END, load_tokenizer
 from minimind_lib.training.rollout import (
     Question,
@@ -24,13 +24,6 @@ from minimind_lib.training.rollout import (
 
 TOK = load_tokenizer()
 END, EOT = TOK.token_to_id(IM_END), TOK.token_to_id(END_OF_TEXT)
-
-
-def tiny_model(seed: int = 0) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, num_key_value_heads=1,
-                                              max_position_embeddings=256))
 
 
 def question(text: str, answer: str = "1") -> Question:

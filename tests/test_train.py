@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tiny import tiny_model as shared_tiny_model
 from torch.utils.data import Dataset
 
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.training import TrainConfig, train
 from minimind_lib.training.loop import StepBatchSampler, TrainingDiverged, default_loss
 from minimind_lib.training.settings import lr_at
@@ -31,10 +32,9 @@ class RandomTokens(Dataset):
 
 
 def tiny_model(seed: int = 0, dropout: float = 0.0) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, dropout=dropout))
+    """``tiny.tiny_model`` with two layers over the random-token vocabulary."""
+    return shared_tiny_model(seed, vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=64, dropout=dropout)
 
 
 def config(**kw) -> TrainConfig:

@@ -1,11 +1,12 @@
 """GPU check, one prepared script (about 5 minutes on one GPU): what the GPU path promises.
 
-1. **Speed and memory** of MiniMind2-Small with ``minimind_lib.training.loop.train``, per row: the gpu
-   profile's micro-batch (16 x 512) in fp32, bf16, fp16 + GradScaler, bf16 + torch.compile,
+1. **Speed and memory** of MiniMind2-Small with ``minimind_lib.training.loop.train``, per row: the
+   gpu profile's micro-batch (16 x 512) in fp32, bf16, fp16 + GradScaler, bf16 + torch.compile,
    bf16 + activation checkpointing; the full profile's (32 x 512) in bf16 and bf16 + compile.
    Tokens/s (median of the timed steps), MFU against the datasheet's dense peak (``--gpu-tflops``
-   overrides) and against a matmul measured here, peak memory next to ``minimind_lib.training.memory``'s
-   prediction. Random tokens (speed does not depend on their values).
+   overrides) and against a matmul measured here, peak memory next to
+   ``minimind_lib.training.memory``'s prediction. Random tokens (speed does not depend on their
+   values).
 2. **The seed blog's AMP claims**, measured: bf16 / fp16 speed-up over fp32, and memory saved.
 3. **200 real steps** of the gpu profile on the bundled pretraining text: loss at the start and
    the end, validation loss, tokens/s, and the profile's planned time at that speed.
@@ -182,8 +183,8 @@ def report(rows: list[dict], real: dict, seconds: float) -> None:
             r = by[name]
             mem = (f", peak memory {r['peak_mem_gib'] / base['peak_mem_gib']:.2f}x fp32's"
                    if r["peak_mem_gib"] and base["peak_mem_gib"] else "")
-            print(f"AMP claim, measured: {name} runs {r['tokens_per_s'] / base['tokens_per_s']:.2f}x"
-                  f" fp32's tokens/s{mem}")
+            print(f"AMP claim, measured: {name} runs "
+                  f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x fp32's tokens/s{mem}")
     print(f"\n{real['steps']} real steps of the gpu profile: loss {real['loss_first']:.3f} -> "
           f"{real['loss_last']:.3f}, validation {[round(v, 3) for v in real['val_loss']]}, "
           f"{real['tokens_per_s']:,.0f} tokens/s -> the gpu profile's pretraining on the bundled "

@@ -232,8 +232,9 @@ def probe_bodies(tree: Path, model_dir: Path) -> dict:
                 timeout=60)))
         rows["request: GET /nothing"] = outcome(lambda: shape(httpx.get(s.url + "/nothing")))
         with httpx.Client(base_url=s.url, timeout=60) as client:
-            first = outcome(lambda: shape(client.post(CHAT, content=BAD_BODIES["top_p 1e-46"],
-                                                      headers={"content-type": "application/json"})))
+            first = outcome(lambda: shape(client.post(
+                CHAT, content=BAD_BODIES["top_p 1e-46"],
+                headers={"content-type": "application/json"})))
             second = outcome(lambda: shape(client.get("/v1/models")))
         rows["keep-alive: the top_p 1e-46 request, then the next one on its connection"] = (
             f"{first}; then {second}")
@@ -262,7 +263,8 @@ def probe_files(work: Path) -> dict:
             tokenizer.encode_batch([r.get("text", "")], allowed_special="all")
         return f"{len(records)} records read"
 
-    rows["data: a line with byte 0xff"] = outcome(lambda: read(b'{"text": "a"}\n{"text": "\xff"}\n'))
+    rows["data: a line with byte 0xff"] = outcome(
+        lambda: read(b'{"text": "a"}\n{"text": "\xff"}\n'))
     rows["data: JSON nested 100k deep"] = outcome(lambda: read(b"[" * 100_000 + b"]" * 100_000))
     rows["data: text with \\ud800"] = outcome(lambda: read(b'{"text": "a \\ud800"}\n'))
 

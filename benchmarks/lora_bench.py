@@ -89,7 +89,8 @@ def seconds_per_step(arms, train_set, settings, rounds, steps, seed, device):
                                          warmup_steps=1, eval_every=10**6, seed=seed,
                                          device=str(device), progress=False)
             rows = train(copy.deepcopy(model), train_set, cfg, collate_fn=train_set.collate)
-            elapsed = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows[:-1], rows[1:], strict=True)]
+            elapsed = [b["elapsed_s"] - a["elapsed_s"]
+                       for a, b in zip(rows[:-1], rows[1:], strict=True)]
             times[name].append(statistics.median(elapsed))
     return {name: statistics.median(v) for name, v in times.items()}
 

@@ -1,4 +1,5 @@
-"""Training memory of MiniMind2-Small on a GPU, from the memory model (``minimind_lib.training.memory``).
+"""Training memory of MiniMind2-Small on a GPU, from the memory model
+(``minimind_lib.training.memory``).
 
 The activation term is the one ``tests/test_memory.py`` checks byte for byte against what
 autograd keeps on the CPU (saved-tensor hooks); weights, gradients, AdamW state and autocast
@@ -29,7 +30,7 @@ def largest_batch(config: MiniMindConfig, seq_len: int, precision: str, checkpoi
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq-len", type=int, default=512)
     args = parser.parse_args()
     config = MiniMindConfig()

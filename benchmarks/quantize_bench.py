@@ -4,7 +4,7 @@ For the cpu-profile model and MiniMind2-Small (random weights: bytes and speed d
 shapes, not the values), in fp32, fp16, bf16, int8 (ours, weight-only) and int8 (PyTorch's
 dynamic): bytes of the weights, prefill tokens/s (a ``--prompt``-token prompt in one pass) and
 decode tokens/s (``--new`` greedy tokens with the KV cache), batch 1. Formats run round robin
-(``formats.measure_speed``), ``--repeats`` rounds after a warm-up, median reported, so
+(``evaluation.precision.measure_speed``), ``--repeats`` rounds after a warm-up, median reported, so
 background load hits every format alike; ratios are to fp32.
 
 Torch runs on ``--threads`` threads (default 1): on a CPU shared with other jobs, OpenMP's
@@ -39,8 +39,10 @@ def bench(name: str, config: MiniMindConfig, prompt: int, new: int, repeats: int
     for fmt, sp in speeds.items():
         size = model_size_bytes(models[fmt])
         print(f"{fmt:<16}{size / 1e6:>8.2f}{size / base_size:>8.2f}"
-              f"{sp.prefill_tokens_per_s:>15,.0f}{sp.prefill_tokens_per_s / base.prefill_tokens_per_s:>8.2f}"
-              f"{sp.decode_tokens_per_s:>14,.1f}{sp.decode_tokens_per_s / base.decode_tokens_per_s:>8.2f}")
+              f"{sp.prefill_tokens_per_s:>15,.0f}"
+              f"{sp.prefill_tokens_per_s / base.prefill_tokens_per_s:>8.2f}"
+              f"{sp.decode_tokens_per_s:>14,.1f}"
+              f"{sp.decode_tokens_per_s / base.decode_tokens_per_s:>8.2f}")
     for fmt, why in skipped.items():
         print(f"{fmt:<16}skipped: {why}")
 

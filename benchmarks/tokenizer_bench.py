@@ -48,7 +48,8 @@ def merge_equality(texts: list[str]) -> None:
     zh = [t for t in texts if is_chinese(t)]
     en = [t for t in texts if not is_chinese(t)]
     runs = [("whole sample", texts, 1000, 0), ("whole sample", texts, 3000, 2),
-            ("whole sample", texts, COURSE_VOCAB_SIZE, 0), ("Chinese docs", zh, COURSE_VOCAB_SIZE, 0),
+            ("whole sample", texts, COURSE_VOCAB_SIZE, 0),
+            ("Chinese docs", zh, COURSE_VOCAB_SIZE, 0),
             ("English docs", en, COURSE_VOCAB_SIZE, 0), ("first 1000 docs", texts[:1000], 2000, 3)]
     print("1. merge equality, train_bpe vs tokenizers.BpeTrainer (whole tokenizer.json):")
     for name, docs, vocab_size, min_frequency in runs:

@@ -45,7 +45,8 @@ def token_file(directory: Path, n_tokens: int, vocab: int) -> Path:
     return path
 
 
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048,
+                      reps: int = 5) -> float:
     """Best FLOP/s of an n x n matmul (autocast dtype for bf16/fp16, else fp32)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -77,8 +77,9 @@ def port_number(text: str) -> int:
 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                        help="override one setting, e.g. pretrain.max_steps=3, model.hidden_size=256"
-                             ", train.gradient_checkpointing=true (repeatable)")
+                        help="override one setting, e.g. pretrain.max_steps=3, "
+                             "model.hidden_size=256, train.gradient_checkpointing=true "
+                             "(repeatable)")
     parser.add_argument("--config", default=None, metavar="FILE.toml",
                         help="overrides from a TOML file ([pretrain] max_steps = 3); --set wins")
 

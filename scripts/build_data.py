@@ -136,10 +136,12 @@ def course_tokenizer():
 def _texts(record: dict) -> list[str]:
     if "text" in record:
         return [record["text"]]
-    return [m["content"] for key in ("conversations", "chosen", "rejected") for m in record.get(key, [])]
+    return [m["content"] for key in ("conversations", "chosen", "rejected")
+            for m in record.get(key, [])]
 
 
-def stats(out: Path, files: dict[str, list[dict]], pretrain: list[dp.Doc], ppl: list[dp.Doc]) -> dict:
+def stats(out: Path, files: dict[str, list[dict]], pretrain: list[dp.Doc],
+          ppl: list[dp.Doc]) -> dict:
     """Counts per file/task/source, sizes and (with the course tokenizer) token counts."""
     tok = course_tokenizer()
 
@@ -161,7 +163,8 @@ def stats(out: Path, files: dict[str, list[dict]], pretrain: list[dp.Doc], ppl: 
     for s in sources.values():
         s["tokens"] = n_tokens(s.pop("texts"))
     ppl_sources = Counter(d.source for d in ppl)
-    return {"files": per_file, "pretrain_sources": sources, "ppl_sources": dict(sorted(ppl_sources.items()))}
+    return {"files": per_file, "pretrain_sources": sources,
+            "ppl_sources": dict(sorted(ppl_sources.items()))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,9 +178,11 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (REPO / "data" if size.name == "sample" else REPO / "data/full")
     if size.name == "full":
         out.mkdir(parents=True, exist_ok=True)
-        (out / ".gitignore").write_text("# a local build (make data SIZE=full): never committed\n*\n")
+        (out / ".gitignore").write_text("# a local build (make data SIZE=full): never committed"
+                                        "\n*\n")
     info = build(size, args.cache, out)
-    (out / "build_stats.json").write_text(json.dumps(info, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    (out / "build_stats.json").write_text(json.dumps(info, ensure_ascii=False, indent=1,
+                                                     sort_keys=True) + "\n")
     if size.name == "sample":
         data_readme.write(out / "README.md", info)
     print(f"done: {out}", file=sys.stderr)

@@ -7,8 +7,8 @@
 Trains from random initialisation (no pretraining: the hardest case) on
 data/sft_sample.jsonl with answer-only labels (assistant content + <|im_end|>), then
 decodes greedily on held-out prompts of data/eval/sft_eval.jsonl and prints, per task,
-exact match, character F1 and the answer tokens' loss before and after.  A measurement tool for data/README.md
-and the course's profile choices; it is not part of the test suite.
+exact match, character F1 and the answer tokens' loss before and after.  A measurement tool for
+data/README.md and the course's profile choices; it is not part of the test suite.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def answer_loss(model, tok, rows: list[dict]) -> dict[str, float]:
     model.eval()
     out = {}
     for task in sorted({r["task"] for r in rows}):
-        data = [example(tok, r["conversations"][0]["content"], r["answer"], 128) for r in rows if r["task"] == task]
+        data = [example(tok, r["conversations"][0]["content"], r["answer"], 128)
+                for r in rows if r["task"] == task]
         total = n = 0.0
         for ids, labels in batches(data, 32):
             k = int((labels[:, 1:] != -100).sum())
@@ -79,16 +80,20 @@ def evaluate(model, tok, rows: list[dict], show: int = 0) -> dict[str, tuple[flo
     hits: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
         prompt = r["conversations"][0]["content"]
-        ids = torch.tensor([encode_chat(tok, [{"role": "user", "content": prompt}], add_generation_prompt=True)])
-        out = model.generate(ids, max_new_tokens=32, temperature=0, eos_token_id=end_id)[0, ids.shape[1]:].tolist()
+        ids = torch.tensor([encode_chat(tok, [{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True)])
+        out = model.generate(ids, max_new_tokens=32, temperature=0,
+                             eos_token_id=end_id)[0, ids.shape[1]:].tolist()
         if end_id in out:
             out = out[:out.index(end_id)]
         pred = tok.decode(out).strip()
-        hits.setdefault(r["task"], []).append((float(pred == r["answer"]), char_f1(pred, r["answer"])))
+        hits.setdefault(r["task"], []).append((float(pred == r["answer"]),
+                                               char_f1(pred, r["answer"])))
         if len(hits[r["task"]]) <= show:
             print(f"  {r['task']}: {prompt!r} -> {pred!r} (reference {r['answer']!r})")
     model.train()
-    return {t: (sum(h[0] for h in v) / len(v), sum(h[1] for h in v) / len(v)) for t, v in sorted(hits.items())}
+    return {t: (sum(h[0] for h in v) / len(v), sum(h[1] for h in v) / len(v))
+            for t, v in sorted(hits.items())}
 
 
 def main() -> None:
@@ -110,21 +115,26 @@ def main() -> None:
     keep = (lambda r: True) if args.family == "all" else (lambda r: r["family"] == args.family)
     train = [r for r in train if keep(r)]
     per_task: Counter[str] = Counter()
-    evals = [r for r in evals if keep(r) and (per_task.update([r["task"]]) or per_task[r["task"]] <= args.per_task)]
-    data = [example(tok, r["conversations"][0]["content"], r["conversations"][1]["content"], 128) for r in train]
+    evals = [r for r in evals if keep(r) and (per_task.update([r["task"]])
+                                              or per_task[r["task"]] <= args.per_task)]
+    data = [example(tok, r["conversations"][0]["content"], r["conversations"][1]["content"], 128)
+            for r in train]
 
     heads = max(2, args.hidden // 64)
-    cfg = MiniMindConfig(vocab_size=len(tok), hidden_size=args.hidden, num_hidden_layers=args.layers,
+    cfg = MiniMindConfig(vocab_size=len(tok), hidden_size=args.hidden,
+                         num_hidden_layers=args.layers,
                          num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                          max_position_embeddings=256)
     model = MiniMindForCausalLM(cfg)
-    print(f"model: {model.num_parameters():,} params; {len(data):,} SFT examples; {len(evals)} eval prompts")
+    print(f"model: {model.num_parameters():,} params; {len(data):,} SFT examples; "
+          f"{len(evals)} eval prompts")
     before, loss_before = evaluate(model, tok, evals), answer_loss(model, tok, evals)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rng = random.Random(0)
     t0 = time.time()
     for step in range(args.steps):
-        ids, labels = next(batches([data[rng.randrange(len(data))] for _ in range(args.batch)], args.batch))
+        ids, labels = next(batches([data[rng.randrange(len(data))] for _ in range(args.batch)],
+                                   args.batch))
         lr = args.lr * min(1.0, (step + 1) / 10)  # short warmup
         for g in opt.param_groups:
             g["lr"] = lr
@@ -140,8 +150,8 @@ def main() -> None:
     print(f"{'task':22s} {'EM before':>9s} {'EM after':>9s} {'F1 before':>9s} {'F1 after':>9s}"
           f" {'loss before':>11s} {'loss after':>10s}")
     for t in after:
-        print(f"{t:22s} {before[t][0]:9.2f} {after[t][0]:9.2f} {before[t][1]:9.2f} {after[t][1]:9.2f}"
-              f" {loss_before[t]:11.2f} {loss_after[t]:10.2f}")
+        print(f"{t:22s} {before[t][0]:9.2f} {after[t][0]:9.2f} {before[t][1]:9.2f} "
+              f"{after[t][1]:9.2f} {loss_before[t]:11.2f} {loss_after[t]:10.2f}")
 
 
 if __name__ == "__main__":

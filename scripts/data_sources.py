@@ -60,7 +60,8 @@ def _run(cmd: list[str], cwd: Path) -> None:
     print("  $", " ".join(cmd), file=sys.stderr)
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-2000:]}")
 
 
 def _download(src: Source, cache: Path) -> Path:
@@ -82,7 +83,8 @@ def _download(src: Source, cache: Path) -> Path:
             _run(["apt-get", "download", pkg], cache)
     found = sorted(cache.glob(src.archive_glob))
     if not found:
-        raise FileNotFoundError(f"{src.name} {src.version}: downloaded, but no {src.archive_glob} in {cache}")
+        raise FileNotFoundError(f"{src.name} {src.version}: downloaded, but no "
+                                f"{src.archive_glob} in {cache}")
     return found[0]
 
 
@@ -250,7 +252,8 @@ def read_classics(root: Path) -> list[tuple[str, str]]:
         docs.append((f"chuci/{p['title']}",
                      f"《楚辞·{p['title']}》\n作者：{p['author']}\n" + "\n".join(p["content"])))
     for p in json.loads((root / "package/dist/lunyu/lunyu.json").read_text("utf-8")):
-        docs.append((f"lunyu/{p['chapter']}", f"《论语·{p['chapter']}》\n" + "\n".join(p["paragraphs"])))
+        docs.append((f"lunyu/{p['chapter']}",
+                     f"《论语·{p['chapter']}》\n" + "\n".join(p["paragraphs"])))
     return [(k, t) for k, t in docs if "□" not in t]
 
 
@@ -345,7 +348,8 @@ def read_brown(root: Path) -> list[tuple[str, list[str]]]:
 
 def read_shakespeare(root: Path) -> list[tuple[str, str]]:
     """The 43 works (Gutenberg modern-spelling texts, ``*_gut.txt``) as (name, text)."""
-    texts = sorted((root / f"shakespeare-{SOURCES['shakespeare'].version}/shksprdata/texts").glob("*_gut.txt"))
+    texts = sorted((root / f"shakespeare-{SOURCES['shakespeare'].version}"
+                    "/shksprdata/texts").glob("*_gut.txt"))
     out = []
     for path in texts:
         text = path.read_text("utf-8", errors="strict").replace("\r\n", "\n")
@@ -464,7 +468,8 @@ def read_cedict(root: Path) -> list[CedictEntry]:
             if not m or line.startswith("#"):
                 continue
             _trad, simp, pinyin, senses = m.groups()
-            kept = tuple(s.strip() for s in senses.split("/") if s.strip() and not _SKIP_SENSE.search(s))
+            kept = tuple(s.strip() for s in senses.split("/")
+                         if s.strip() and not _SKIP_SENSE.search(s))
             if kept:
                 out.append(CedictEntry(simp, pinyin, kept))
     return out
@@ -486,6 +491,7 @@ class HskSentence:
 def read_hsk(root: Path) -> list[HskSentence]:
     """The 4,354 graded HSK sentences with their English translations."""
     data = json.loads((root / "hsk_sentences_audio/data/sentences.json").read_text("utf-8"))
-    return [HskSentence(r["id"], int(r["hsk_level"]), r["chinese"].strip(), r["translation"]["en"].strip(),
+    return [HskSentence(r["id"], int(r["hsk_level"]), r["chinese"].strip(),
+                        r["translation"]["en"].strip(),
                         tuple(t["word"] for t in r.get("tokens", [])))
             for r in data if r["chinese"].strip() and r["translation"].get("en", "").strip()]

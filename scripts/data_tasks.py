@@ -103,7 +103,8 @@ def clauses(poem: ds.Poem) -> list[str]:
     return [c for line in poem.lines for c in ZH_CLAUSE.findall(line)]
 
 
-def _pick_other(rng: random.Random, pool: list[str], wrong_for: Callable[[str], bool]) -> str | None:
+def _pick_other(rng: random.Random, pool: list[str],
+                wrong_for: Callable[[str], bool]) -> str | None:
     """A random member of ``pool`` for which ``wrong_for`` holds (None after 50 misses)."""
     for _ in range(50):
         x = pool[rng.randrange(len(pool))]
@@ -114,9 +115,10 @@ def _pick_other(rng: random.Random, pool: list[str], wrong_for: Callable[[str], 
 
 # --- knowledge ---------------------------------------------------------------------------
 
-NEXT_LINE = ["“{q}”的下一句是什么？", "“{q}”的下一句是？", "请接下句：“{q}”", "“{q}”，下一句是什么？",
-             "“{q}”后面一句是什么？", "诗句“{q}”的下一句怎么写？", "补全诗句：“{q}”的下一句",
-             "“{q}”下一句是哪句？", "请说出“{q}”的下一句。", "接着背：“{q}”"]
+NEXT_LINE = ["“{q}”的下一句是什么？", "“{q}”的下一句是？", "请接下句：“{q}”",
+             "“{q}”，下一句是什么？", "“{q}”后面一句是什么？", "诗句“{q}”的下一句怎么写？",
+             "补全诗句：“{q}”的下一句", "“{q}”下一句是哪句？", "请说出“{q}”的下一句。",
+             "接着背：“{q}”"]
 
 
 def poem_next_line(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
@@ -145,9 +147,11 @@ def poem_next_line(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]
     return train, evals
 
 
-AUTHOR_BY_TITLE = ["《{t}》的作者是谁？", "《{t}》是谁写的？", "谁写了《{t}》？", "诗歌《{t}》出自哪位诗人之手？",
-                   "《{t}》这首诗的作者是？", "请问《{t}》是哪位诗人的作品？"]
-AUTHOR_BY_LINE = ["“{q}”是哪位诗人写的？", "“{q}”出自谁的诗？", "“{q}”这句诗的作者是谁？", "写下“{q}”的诗人是谁？"]
+AUTHOR_BY_TITLE = ["《{t}》的作者是谁？", "《{t}》是谁写的？", "谁写了《{t}》？",
+                   "诗歌《{t}》出自哪位诗人之手？", "《{t}》这首诗的作者是？",
+                   "请问《{t}》是哪位诗人的作品？"]
+AUTHOR_BY_LINE = ["“{q}”是哪位诗人写的？", "“{q}”出自谁的诗？", "“{q}”这句诗的作者是谁？",
+                  "写下“{q}”的诗人是谁？"]
 
 
 def poem_author(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
@@ -176,8 +180,8 @@ def poem_author(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
     return train, evals
 
 
-IDIOM = ["成语“{w}”是什么意思？", "“{w}”这个成语是什么意思？", "请解释成语“{w}”。", "“{w}”是什么意思？",
-         "成语“{w}”的意思是？", "“{w}”的释义是什么？", "你知道“{w}”的意思吗？"]
+IDIOM = ["成语“{w}”是什么意思？", "“{w}”这个成语是什么意思？", "请解释成语“{w}”。",
+         "“{w}”是什么意思？", "成语“{w}”的意思是？", "“{w}”的释义是什么？", "你知道“{w}”的意思吗？"]
 
 
 def idiom_meaning(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
@@ -188,7 +192,8 @@ def idiom_meaning(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]
     train, evals = [], []
     for i in pool:
         rejected = _pick_other(rng, meanings, lambda x, e=i.explanation: x != e)
-        qa = QA("idiom_meaning", IDIOM[rng.randrange(len(IDIOM))].format(w=i.word), i.explanation, rejected)
+        qa = QA("idiom_meaning", IDIOM[rng.randrange(len(IDIOM))].format(w=i.word), i.explanation,
+                rejected)
         (evals if item_heldout("idiom/" + i.word) else train).append(qa)
     return train, evals
 
@@ -210,7 +215,8 @@ def word_definition(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA
     return train, evals
 
 
-TRANSLATE_WORD = ["“{w}”用英语怎么说？", "“{w}”的英文是什么？", "请把“{w}”翻译成英语。", 'How do you say "{w}" in English?',
+TRANSLATE_WORD = ["“{w}”用英语怎么说？", "“{w}”的英文是什么？", "请把“{w}”翻译成英语。",
+                  'How do you say "{w}" in English?',
                   'What does the Chinese word "{w}" mean in English?', "“{w}”翻译成英文是什么？"]
 
 
@@ -226,8 +232,8 @@ def word_translation(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[Q
     return train, evals
 
 
-TO_EN = ["把这句话翻译成英文：{s}", "请翻译成英语：{s}", "用英语怎么说：{s}", "Translate into English: {s}",
-         "Translate this Chinese sentence into English: {s}"]
+TO_EN = ["把这句话翻译成英文：{s}", "请翻译成英语：{s}", "用英语怎么说：{s}",
+         "Translate into English: {s}", "Translate this Chinese sentence into English: {s}"]
 TO_ZH = ["Translate into Chinese: {s}", "把下面的英文翻译成中文：{s}", "请翻译成中文：{s}",
          "How do you say this in Chinese: {s}"]
 
@@ -240,18 +246,21 @@ def sentence_translation(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], li
     for s in c.hsk:
         if rng.random() < 0.5:
             prompt = TO_EN[rng.randrange(len(TO_EN))].format(s=s.chinese)
-            qa = QA("sentence_translation", prompt, s.english, _pick_other(rng, en, lambda x, a=s.english: x != a))
+            qa = QA("sentence_translation", prompt, s.english,
+                    _pick_other(rng, en, lambda x, a=s.english: x != a))
         else:
             prompt = TO_ZH[rng.randrange(len(TO_ZH))].format(s=s.english)
-            qa = QA("sentence_translation", prompt, s.chinese, _pick_other(rng, zh, lambda x, a=s.chinese: x != a))
+            qa = QA("sentence_translation", prompt, s.chinese,
+                    _pick_other(rng, zh, lambda x, a=s.chinese: x != a))
         (evals if item_heldout("hsk/" + s.key) else train).append(qa)
     return train, evals
 
 
 # --- skills ------------------------------------------------------------------------------
 
-COPY_ZH = ["请重复这句话：“{p}”", "请把“{p}”再说一遍。", "跟我说：“{p}”", "原样复述：“{p}”", "请照抄下面的句子：“{p}”",
-           "重复一遍：“{p}”", "把这段话原封不动地写出来：“{p}”", "请你复述“{p}”。"]
+COPY_ZH = ["请重复这句话：“{p}”", "请把“{p}”再说一遍。", "跟我说：“{p}”", "原样复述：“{p}”",
+           "请照抄下面的句子：“{p}”", "重复一遍：“{p}”", "把这段话原封不动地写出来：“{p}”",
+           "请你复述“{p}”。"]
 COPY_EN = ['Repeat after me: "{p}"', 'Please repeat this phrase exactly: "{p}"', 'Say "{p}" again.',
            'Copy this text: "{p}"', 'Echo the following words: "{p}"', 'Write "{p}" back to me.',
            'Can you repeat "{p}"?', 'Repeat exactly: "{p}"']
@@ -298,10 +307,11 @@ def copy_en(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
     return _copy("copy_en", phrases, COPY_EN, rng)
 
 
-ARITH_ZH = ["{e} 等于多少？", "计算：{e}", "{e} = ?", "请算一算 {e} 的结果。", "{e} 的结果是多少？", "算一下：{e}",
-            "{e} 得几？", "请问 {e} 等于几？", "口算：{e}", "{e} 是多少？"]
-ARITH_EN = ["What is {e}?", "Compute {e}.", "Calculate {e}, please.", "{e} equals what?", "What does {e} equal?",
-            "Work out {e}.", "Solve: {e}", "{e} = ?", "Quick: {e}", "How much is {e}?"]
+ARITH_ZH = ["{e} 等于多少？", "计算：{e}", "{e} = ?", "请算一算 {e} 的结果。", "{e} 的结果是多少？",
+            "算一下：{e}", "{e} 得几？", "请问 {e} 等于几？", "口算：{e}", "{e} 是多少？"]
+ARITH_EN = ["What is {e}?", "Compute {e}.", "Calculate {e}, please.", "{e} equals what?",
+            "What does {e} equal?", "Work out {e}.", "Solve: {e}", "{e} = ?", "Quick: {e}",
+            "How much is {e}?"]
 
 
 def arithmetic(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
@@ -323,15 +333,18 @@ def arithmetic(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
                 rejected = f"{x} {xop} {y} = {x + y if xop == '+' else x - y}"
                 if rejected == answer:
                     rejected = f"{e} = {value + 1}"
-            (evals if item_heldout("arith/" + prompt) else train).append(QA("arithmetic", prompt, answer, rejected))
+            (evals if item_heldout("arith/" + prompt) else train).append(
+                QA("arithmetic", prompt, answer, rejected))
     return train, evals
 
 
-TITLE_SENTENCES = ["我最近在读《{t}》，写得很好。", "老师让我们背诵《{t}》。", "《{t}》是一首很有名的诗。",
-                   "昨天晚上，我又读了一遍《{t}》。", "你听说过《{t}》吗？", "他最喜欢的诗是《{t}》。",
-                   "课本里收录了《{t}》。", "我们今天学习《{t}》这首诗。"]
-TITLE_QUESTIONS = ["下面这句话里书名号中的标题是什么？{s}", "找出句子中《》里的内容：{s}", "这句话提到了哪部作品？{s}",
-                   "请提取书名号里的标题：{s}", "句子“{s}”中的书名是什么？"]
+TITLE_SENTENCES = ["我最近在读《{t}》，写得很好。", "老师让我们背诵《{t}》。",
+                   "《{t}》是一首很有名的诗。", "昨天晚上，我又读了一遍《{t}》。",
+                   "你听说过《{t}》吗？", "他最喜欢的诗是《{t}》。", "课本里收录了《{t}》。",
+                   "我们今天学习《{t}》这首诗。"]
+TITLE_QUESTIONS = ["下面这句话里书名号中的标题是什么？{s}", "找出句子中《》里的内容：{s}",
+                   "这句话提到了哪部作品？{s}", "请提取书名号里的标题：{s}",
+                   "句子“{s}”中的书名是什么？"]
 
 
 def extract_title(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
@@ -343,7 +356,8 @@ def extract_title(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]
         for t in pool:
             s = TITLE_SENTENCES[rng.randrange(len(TITLE_SENTENCES))].format(t=t)
             prompt = TITLE_QUESTIONS[rng.randrange(len(TITLE_QUESTIONS))].format(s=s)
-            part.append(QA("extract_title", prompt, t, _pick_other(rng, pool, lambda x, t=t: x != t)))
+            part.append(QA("extract_title", prompt, t,
+                           _pick_other(rng, pool, lambda x, t=t: x != t)))
     return out
 
 
@@ -372,9 +386,10 @@ def first_word(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
     return out
 
 
-LARGER = ["{a} 和 {b} 哪个大？", "{a} 与 {b} 相比，哪个数更大？", "比较 {a} 和 {b}，较大的是哪一个？", "{a} 和 {b} 中较大的数是？",
-          "Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?", "Of {a} and {b}, which is greater?",
-          "Pick the larger number: {a} or {b}."]
+LARGER = ["{a} 和 {b} 哪个大？", "{a} 与 {b} 相比，哪个数更大？",
+          "比较 {a} 和 {b}，较大的是哪一个？", "{a} 和 {b} 中较大的数是？",
+          "Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?",
+          "Of {a} and {b}, which is greater?", "Pick the larger number: {a} or {b}."]
 
 
 def larger_number(c: dp.Corpus, rng: random.Random) -> tuple[list[QA], list[QA]]:
@@ -409,7 +424,8 @@ TASKS = [
 
 
 def sft_record(qa: QA, family: str, with_answer: bool = False) -> dict:
-    r = {"conversations": [{"role": "user", "content": qa.prompt}, {"role": "assistant", "content": qa.answer}],
+    r = {"conversations": [{"role": "user", "content": qa.prompt},
+                           {"role": "assistant", "content": qa.answer}],
          "task": qa.task, "family": family}
     if with_answer:
         r["answer"] = qa.answer
@@ -443,9 +459,12 @@ def build_sets(c: dp.Corpus, plan: TaskPlan) -> Sets:
         f = task.family
         (sets.sft_cc if task.cc_by_sa else sets.sft).extend(sft_record(qa, f) for qa in sft)
         (sets.dpo_cc if task.cc_by_sa else sets.dpo).extend(dpo_record(qa, f) for qa in dpo)
-        (sets.sft_eval_cc if task.cc_by_sa else sets.sft_eval).extend(sft_record(qa, f, True) for qa in sft_eval)
-        (sets.dpo_eval_cc if task.cc_by_sa else sets.dpo_eval).extend(dpo_record(qa, f) for qa in dpo_eval)
-    for name in ("sft", "sft_cc", "dpo", "dpo_cc", "sft_eval", "sft_eval_cc", "dpo_eval", "dpo_eval_cc"):
+        (sets.sft_eval_cc if task.cc_by_sa else sets.sft_eval).extend(
+            sft_record(qa, f, True) for qa in sft_eval)
+        (sets.dpo_eval_cc if task.cc_by_sa else sets.dpo_eval).extend(
+            dpo_record(qa, f) for qa in dpo_eval)
+    for name in ("sft", "sft_cc", "dpo", "dpo_cc", "sft_eval", "sft_eval_cc", "dpo_eval",
+                 "dpo_eval_cc"):
         setattr(sets, name, dp.shuffled(getattr(sets, name), seed=ds.stable_hash(name) % 2**32))
     return sets
 

@@ -34,7 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None)
     parser.add_argument("--lr", type=float, nargs="+", default=None, help="default: the profile's")
-    parser.add_argument("--beta", type=float, nargs="+", default=None, help="default: the profile's")
+    parser.add_argument("--beta", type=float, nargs="+", default=None,
+                        help="default: the profile's")
     parser.add_argument("--steps", type=int, nargs="+", default=None, help="default: the profile's")
     args = parser.parse_args()
 
@@ -54,7 +55,8 @@ def main() -> None:
     print(f"profile {profile.name}: {len(train_set)} training pairs, {len(held_out)} held-out; "
           f"SFT log-prob accuracy {before['all'].logprob_accuracy:.3f}")
     print("| lr | beta | steps | log-prob acc. SFT | log-prob acc. DPO | reward acc. DPO "
-          "| skill | knowledge | drift | seconds |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| skill | knowledge | drift | seconds |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     grid = itertools.product(args.lr or [settings.learning_rate], args.beta or [settings.beta],
                              args.steps or [settings.max_steps])
     for lr, beta, steps in grid:
@@ -64,7 +66,8 @@ def main() -> None:
                                         seed=profile.seed, progress=False)
         train(model, train_set, config, loss_fn=DPOLoss(beta), collate_fn=train_set.collate)
         logps = pair_logprobs(model, held_out, precision=precision)
-        after = summarize_preferences(score_preferences(held_out.tasks, held_out.families, logps, ref))
+        after = summarize_preferences(score_preferences(held_out.tasks, held_out.families,
+                                                        logps, ref))
         fam = " | ".join(f"{after[f].logprob_accuracy:.3f} / {after[f].reward_accuracy:.3f}"
                          for f in ("skill", "knowledge") if f in after)
         print(f"| {lr:g} | {beta:g} | {steps} | {before['all'].logprob_accuracy:.3f} | "

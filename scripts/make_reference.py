@@ -65,7 +65,8 @@ def main() -> int:
     pooled = summarize(scores.tasks)
     size = sum(f.stat().st_size for f in args.out.iterdir())
     write_readme(args, marker, scores, pooled, size)
-    print(question_table({"reference (bf16)": scores.tasks}, metrics=("exact_match", "format_rate")))
+    print(question_table({"reference (bf16)": scores.tasks},
+                         metrics=("exact_match", "format_rate")))
     print(f"\n{args.out}: {size / 2**20:.2f} MiB; skill exact-match "
           f"{pooled['skill'].exact_match:.1%}, all {pooled['all'].exact_match:.1%}")
     if size > LIMIT_BYTES:
@@ -84,7 +85,8 @@ def write_readme(args: argparse.Namespace, marker: dict, scores, pooled: dict, s
         f"steps), stored in bf16 ({size / 2**20:.1f} MiB with its tokenizer). Rebuild it with "
         "`make reference`.",
         "",
-        "Load it like any stage folder: `minimind_lib.model.checkpoint.load_model(\"data/reference/sft\")`;",
+        "Load it like any stage folder: "
+        "`minimind_lib.model.checkpoint.load_model(\"data/reference/sft\")`;",
         "start a later stage from it with `--init data/reference/sft`.",
         "",
         f"Held-out questions ({json.loads((args.out / EVAL_FILE).read_text())['per_task']} per "

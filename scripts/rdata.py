@@ -88,7 +88,8 @@ class _Reader:
             return sym
         if kind == NAMESPACESXP:
             self.ints(1)  # always 0
-            value = RSymbol("<namespace " + " ".join(str(x) for x in self.item_vector(STRSXP)) + ">")
+            value = RSymbol("<namespace " + " ".join(str(x) for x in self.item_vector(STRSXP))
+                            + ">")
             self.refs.append(value)
             return value
         if kind == ENVSXP:

@@ -30,14 +30,16 @@ from minimind_lib.training.sft import train_sft
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=PROFILE_NAMES, default=None)
-    parser.add_argument("--out", default=None, metavar="DIR", help="runs root (default runs/<profile>)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="runs root (default runs/<profile>)")
     args = parser.parse_args()
     profile = get_profile(args.profile)
 
     sft_dir = pipeline.ensure("sft", profile, root=args.out)
     root = sft_dir.parent
     evals = read_eval(sft_dir)
-    print(f"## SFT before/after ({profile.name} profile, {profile.eval_per_task} questions per task)\n")
+    print(f"## SFT before/after ({profile.name} profile, "
+          f"{profile.eval_per_task} questions per task)\n")
     print(eval_report(evals))
 
     tokenizer = BPETokenizer.from_file(root / "tokenizer" / TOKENIZER_FILE)
@@ -47,8 +49,8 @@ def main() -> None:
                                 seq_len=profile.sft.seq_len)
     val = {"answer-only": [r["val_loss"] for r in read_metrics(sft_dir) if "val_loss" in r][-1],
            "all tokens": [r["val_loss"] for r in run.rows if "val_loss" in r][-1]}
-    print(f"\n## Ablation: loss on the answers only vs on all tokens ({profile.sft.max_steps} steps "
-          "each)\n")
+    print("\n## Ablation: loss on the answers only vs on all tokens "
+          f"({profile.sft.max_steps} steps each)\n")
     print(question_table({"answer-only": evals["sft"].tasks, "all tokens": all_tokens.tasks}))
     print("\nfinal validation loss on held-out replies: "
           + ", ".join(f"{name} {v:.3f}" for name, v in val.items()))

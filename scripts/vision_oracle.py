@@ -42,7 +42,8 @@ class InkEncoder(nn.Module):
     [0.0, 8.0, 0.0, 0.0]
     """
 
-    def __init__(self, width: int, patch_size: int, embed_dim: int = 64, level: float = 8.0) -> None:
+    def __init__(self, width: int, patch_size: int, embed_dim: int = 64,
+                 level: float = 8.0) -> None:
         super().__init__()
         self.width, self.patch_size, self.level = width, patch_size, level
         self.embed_dim = embed_dim

@@ -15,8 +15,8 @@ patch features) is trained once per *arm*, on the same CLIP:
   shapes the course never names (ring, diamond), asked everything but their shape: colour
   without a shape.
 
-Held-out questions are scored per kind by exact match (``vlm.evaluate_vqa``). Read the table
-so: where colour and shape trade places between arms, the VLM answers one of them from the
+Held-out questions are scored per kind by exact match (``vision.recipe.evaluate_vqa``). Read the
+table so: where colour and shape trade places between arms, the VLM answers one of them from the
 other (the shortcut); where both stay high, the extra data broke it.
 """
 

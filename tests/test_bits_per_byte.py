@@ -1,5 +1,5 @@
-"""Bits per byte (minimind_lib.evaluation.perplexity.bits_per_byte): its definition computed by hand, a
-closed form for a uniform model, batching and budgets, and the same number through
+"""Bits per byte (minimind_lib.evaluation.perplexity.bits_per_byte): its definition computed by
+hand, a closed form for a uniform model, batching and budgets, and the same number through
 transformers (a Hugging Face model with its own tokenizer)."""
 
 import json

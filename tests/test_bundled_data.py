@@ -54,9 +54,11 @@ def qa_pairs(schema: str, names: list[str]) -> list[tuple[dict, str, str, str | 
     for name in names:
         for r in records(name):
             if schema == "sft":
-                out.append((r, r["conversations"][0]["content"], r["conversations"][-1]["content"], None))
+                out.append((r, r["conversations"][0]["content"],
+                            r["conversations"][-1]["content"], None))
             else:
-                out.append((r, r["chosen"][0]["content"], r["chosen"][-1]["content"], r["rejected"][-1]["content"]))
+                out.append((r, r["chosen"][0]["content"], r["chosen"][-1]["content"],
+                            r["rejected"][-1]["content"]))
     return out
 
 
@@ -177,7 +179,8 @@ def test_every_bundled_file_parses(path: Path) -> None:
 
 def test_the_expected_files_are_there() -> None:
     names = {str(p.relative_to(DATA_DIR)) for p in bundled_files()}
-    expected = set(PRETRAIN + TRAIN["sft"] + TRAIN["dpo"] + EVAL["sft"] + EVAL["dpo"] + ["eval/pretrain_eval.jsonl"])
+    expected = set(PRETRAIN + TRAIN["sft"] + TRAIN["dpo"] + EVAL["sft"] + EVAL["dpo"]
+                   + ["eval/pretrain_eval.jsonl"])
     assert expected <= names, expected - names
 
 
@@ -268,7 +271,8 @@ def test_readme_counts_match_the_files() -> None:
         assert f"| `{name}` | {n:,} |" in readme, name
 
 
-@pytest.mark.parametrize("module", ["rdata", "data_sources", "data_pretrain", "data_tasks", "build_data"])
+@pytest.mark.parametrize("module",
+                         ["rdata", "data_sources", "data_pretrain", "data_tasks", "build_data"])
 def test_build_script_docstring_examples(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
     mod = importlib.import_module(module)

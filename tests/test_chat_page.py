@@ -1,4 +1,5 @@
-"""The chat page (GET / of minimind_lib.inference.serve, minimind_lib/static/chat.html).
+"""The chat page (GET / of minimind_lib.inference.serve,
+minimind_lib/inference/serve/static/chat.html).
 
 Always: the page is served, self-contained (nothing fetched from elsewhere) and holds the
 elements the tests drive; /v1/models carries the model card it shows. In a real headless

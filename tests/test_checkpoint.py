@@ -50,18 +50,21 @@ def test_loading_into_another_config_is_an_error(tmp_path):
 def test_missing_or_unexpected_tensors_are_errors(tmp_path):
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     checkpoint.save_weights(net, tmp_path / "w.safetensors")
-    deeper = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    deeper = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2),
+                                 torch.nn.Linear(2, 2))
     with pytest.raises(CheckpointMismatchError, match="2.weight"):
         checkpoint.load_weights(deeper, tmp_path / "w.safetensors")
     with pytest.raises(CheckpointMismatchError, match="1.weight"):
-        checkpoint.load_weights(torch.nn.Sequential(torch.nn.Linear(4, 4)), tmp_path / "w.safetensors")
+        checkpoint.load_weights(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+                                tmp_path / "w.safetensors")
 
 
 def test_config_json_with_unknown_field_is_an_error(tmp_path):
     save_model(model(), tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "n_experts": 4}))
-    with pytest.raises(ValueError, match=r"config.json: unknown MiniMindConfig field\(s\): n_experts"):
+    with pytest.raises(ValueError,
+                       match=r"config.json: unknown MiniMindConfig field\(s\): n_experts"):
         load_model(tmp_path)
 
 
@@ -108,7 +111,8 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_loadable(tmp_path, 
         assert torch.equal(fresh.state_dict()[k], v)
     # the next successful save clears the crashed saves' leftovers and the old checkpoint
     save_checkpoint(tmp_path, 40, trained, {"step": 40})
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_0000040"]
+    assert (sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+            == ["latest", "step_0000040"])
 
 
 def test_keep_several_checkpoints(tmp_path):

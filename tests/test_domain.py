@@ -1,5 +1,5 @@
-"""The LoRA fine-tune's task family (minimind_lib.data.hanzi_codes): right answers, a held-out split that
-holds, new to the bundled SFT data, and short enough for the lora stage's sequences."""
+"""The LoRA fine-tune's task family (minimind_lib.data.hanzi_codes): right answers, a held-out
+split that holds, new to the bundled SFT data, and short enough for the lora stage's sequences."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def test_dpo_loss_equals_the_formula(seed, beta):
     # float32 inputs of magnitude <= 50: log-ratios carry ~1e-5 absolute rounding error
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5 * max(beta, 1))
     torch.testing.assert_close(chosen.double(), beta * (pc - rc), rtol=0, atol=1e-5 * max(beta, 1))
-    torch.testing.assert_close(rejected.double(), beta * (pr - rr), rtol=0, atol=1e-5 * max(beta, 1))
+    torch.testing.assert_close(rejected.double(), beta * (pr - rr), rtol=0,
+                               atol=1e-5 * max(beta, 1))
     assert not chosen.requires_grad and not rejected.requires_grad
 
 
@@ -85,7 +86,8 @@ def test_answer_logprobs_counts_only_supervised_tokens():
     logits = torch.randn(2, 6, 11)
     labels = torch.tensor([[-100, -100, -100, 4, 5, -100], [-100, 7, 1, 2, -100, -100]])
     logp = logits.log_softmax(-1)
-    expected = torch.stack([logp[0, 2, 4] + logp[0, 3, 5], logp[1, 0, 7] + logp[1, 1, 1] + logp[1, 2, 2]])
+    expected = torch.stack([logp[0, 2, 4] + logp[0, 3, 5],
+                            logp[1, 0, 7] + logp[1, 1, 1] + logp[1, 2, 2]])
     torch.testing.assert_close(answer_logprobs(logits, labels), expected)
     torch.testing.assert_close(answer_logprobs(logits, labels, average=True),
                                expected / torch.tensor([2.0, 3.0]))
@@ -147,8 +149,10 @@ def test_collate_stacks_chosen_then_rejected_with_reference_logps():
     ds.set_reference(torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]]))
     batch = ds.collate([ds[0], ds[2]])
     assert batch["input_ids"].shape[0] == 4
-    assert torch.equal(batch["input_ids"][1, :len(ds[2]["chosen_input_ids"])], ds[2]["chosen_input_ids"])
-    assert torch.equal(batch["input_ids"][2, :len(ds[0]["rejected_input_ids"])], ds[0]["rejected_input_ids"])
+    assert torch.equal(batch["input_ids"][1, :len(ds[2]["chosen_input_ids"])],
+                       ds[2]["chosen_input_ids"])
+    assert torch.equal(batch["input_ids"][2, :len(ds[0]["rejected_input_ids"])],
+                       ds[0]["rejected_input_ids"])
     assert batch["ref_logps"].tolist() == [-1.0, -5.0, -2.0, -6.0]
     with pytest.raises(ValueError, match="shape"):
         ds.set_reference(torch.zeros(2, 2))
@@ -351,7 +355,8 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
     acc = summary["preference_accuracy"]
     assert acc["dpo_logprob"] > acc["sft_logprob"], acc
     assert acc["dpo_reward"] > 0.5, acc
-    assert (ctx.out_dir / "model.safetensors").is_file() and (ctx.out_dir / "metrics.jsonl").is_file()
+    assert ((ctx.out_dir / "model.safetensors").is_file()
+            and (ctx.out_dir / "metrics.jsonl").is_file())
     prefs, evals = read_dpo_eval(ctx.out_dir)
     assert set(evals) == {"sft", "dpo"}
     assert summarize_preferences(prefs.dpo)["all"].n == 1200

@@ -134,14 +134,16 @@ ANSWERS = [Answer("2", True), Answer("5", True), Answer("李白", True), Answer(
 def test_score_answers_summarize_and_table():
     scores = score_answers(RECORDS, ANSWERS)
     assert list(scores) == ["add", "poet"]
-    assert (scores["add"].exact_match, scores["add"].format_rate, scores["add"].char_f1) == (0.5, 1.0, 0.5)
+    assert ((scores["add"].exact_match, scores["add"].format_rate, scores["add"].char_f1)
+            == (0.5, 1.0, 0.5))
     assert (scores["poet"].exact_match, scores["poet"].format_rate) == (0.5, 0.5)
     assert scores["poet"].char_f1 == pytest.approx((1.0 + 0.0) / 2)  # "李" vs "杜甫": no overlap
     pooled = summarize(scores)
     assert list(pooled) == ["skill", "knowledge", "all"]
     assert pooled["all"].n == 4 and pooled["all"].format_rate == 0.75
     table = question_table({"before": scores, "after": scores})
-    assert table.splitlines()[0].startswith("| task | family | n | exact-match before | exact-match after")
+    assert table.splitlines()[0].startswith("| task | family | n | exact-match before | "
+                                            "exact-match after")
     assert "| poet | knowledge | 2 | 50.0% | 50.0% | 50.0% | 50.0% | 50.0% | 50.0% |" in table
     assert "| **all** |  | 4 |" in table
     with pytest.raises(ValueError, match="4 records but 3 answers"):
@@ -152,7 +154,8 @@ def test_evaluate_sft_scores_per_task_with_the_answer_budget():
     records = load_eval_records()
     chosen = select_per_task(records, 2)
     assert [r["task"] for r in chosen[:2]] == [chosen[0]["task"]] * 2
-    assert Counter(r["task"] for r in chosen) == Counter({t: 2 for t in {r["task"] for r in records}})
+    assert (Counter(r["task"] for r in chosen)
+            == Counter({t: 2 for t in {r["task"] for r in records}}))
     results = evaluate_sft(tiny_model(), TOK, records, per_task=2, progress=False)
     assert len(results) == 12 and all(r.n == 2 for r in results.values())
     # an untrained model never closes a turn, and it does not guess these answers
@@ -161,7 +164,8 @@ def test_evaluate_sft_scores_per_task_with_the_answer_budget():
 
 def test_held_out_records_and_their_checks(tmp_path):
     records = load_eval_records()
-    assert Counter(r["task"] for r in records) == Counter({t: 120 for t in {r["task"] for r in records}})
+    assert (Counter(r["task"] for r in records)
+            == Counter({t: 120 for t in {r["task"] for r in records}}))
     for r in records[:50]:
         assert reference(r) == r["conversations"][-1]["content"]
         assert prompt_messages(r) == r["conversations"][:-1]
@@ -188,7 +192,8 @@ def nll_sum(model, ids: list[int]) -> tuple[float, int]:
 
 def test_perplexity_is_exp_of_the_mean_token_nll_over_windows(tmp_path):
     model = tiny_model(1)
-    texts = ["The cat sat on the mat.", "床前明月光，疑是地上霜。", "A third, longer line of text here."]
+    texts = ["The cat sat on the mat.", "床前明月光，疑是地上霜。",
+             "A third, longer line of text here."]
     stream = [i for t in texts for i in TOK.encode(t, allowed_special=set()) + [EOT]]
     seq_len = 7
     windows = [stream[s:s + seq_len + 1] for s in range(0, len(stream) - 1, seq_len)]
@@ -202,7 +207,8 @@ def test_perplexity_is_exp_of_the_mean_token_nll_over_windows(tmp_path):
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     assert perplexity(model, TOK, path, seq_len) == pytest.approx(expected, rel=1e-5)
     first = math.exp(nll_sum(model, stream[:seq_len + 1])[0] / seq_len)
-    assert perplexity(model, TOK, texts, seq_len, max_tokens=seq_len + 1) == pytest.approx(first, rel=1e-5)
+    assert (perplexity(model, TOK, texts, seq_len, max_tokens=seq_len + 1)
+            == pytest.approx(first, rel=1e-5))
     with pytest.raises(ValueError, match="seq_len must be positive"):
         perplexity(model, TOK, texts, 0)
 
@@ -214,4 +220,5 @@ def test_perplexity_does_not_depend_on_batching(seq_len, batch_size):
     texts = ["one two three four five six seven", "八九十"]
     alone = perplexity(model, TOK, texts, seq_len, batch_size=1)
     # fp32; batching changes float rounding only
-    assert perplexity(model, TOK, texts, seq_len, batch_size=batch_size) == pytest.approx(alone, rel=1e-5)
+    assert (perplexity(model, TOK, texts, seq_len, batch_size=batch_size)
+            == pytest.approx(alone, rel=1e-5))

@@ -33,8 +33,10 @@ def _knowledge_share(records):  # 00.1: the other family
 
 
 def _valid_pair():  # 00.2: a pair read_jsonl accepts
-    return {"chosen": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}],
-            "rejected": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "5"}]}
+    return {"chosen": [{"role": "user", "content": "2 + 2?"},
+                       {"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "user", "content": "2 + 2?"},
+                         {"role": "assistant", "content": "5"}]}
 
 
 def _merge_overlapping(ids, pair, new_id):  # 01.1: forgets to skip the merged symbol
@@ -217,14 +219,16 @@ WRONG: dict[str, object] = {
 
 def _asked(notebook: Path) -> set[str]:
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    return {m for c in cells if c["cell_type"] == "code" for m in CALL.findall("".join(c["source"]))}
+    return {m for c in cells if c["cell_type"] == "code"
+            for m in CALL.findall("".join(c["source"]))}
 
 
 def test_every_exercise_a_notebook_asks_for_has_a_check_a_wrong_answer_and_a_solution():
     for notebook in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
         asked = _asked(notebook)
         assert asked <= set(CHECKS), f"{notebook.name}: no check for {sorted(asked - set(CHECKS))}"
-        assert asked <= set(WRONG), f"{notebook.name}: no wrong answer for {sorted(asked - set(WRONG))}"
+        assert asked <= set(WRONG), (f"{notebook.name}: no wrong answer for "
+                                     f"{sorted(asked - set(WRONG))}")
         if asked:
             solution = NOTEBOOKS / "solutions" / notebook.name
             assert solution.is_file(), f"{notebook.name} has exercises but no {solution}"

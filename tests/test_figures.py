@@ -32,7 +32,8 @@ def _shown() -> dict[str, set[str]]:
 def test_every_figure_a_notebook_shows_exists():
     for notebook, figures in _shown().items():
         for figure in figures:
-            assert (REPO_ROOT / "notebooks" / figure).is_file(), f"{notebook} shows missing {figure}"
+            assert (REPO_ROOT / "notebooks" / figure).is_file(), (
+                f"{notebook} shows missing {figure}")
 
 
 def test_the_script_draws_exactly_the_kept_files(tmp_path):

@@ -161,7 +161,8 @@ def test_notebook_stored_without_outputs(path: Path):
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "code":
             assert not cell.get("outputs"), f"{path.name} cell {i} has outputs"
-            assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+            assert cell.get("execution_count") is None, (
+                f"{path.name} cell {i} has an execution count")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())

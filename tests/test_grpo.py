@@ -219,7 +219,8 @@ def test_rollout_batches_label_exactly_the_sampled_answers():
         assert batch["input_ids"][row, :len(sample.prompt)].tolist() == sample.prompt
     torch.testing.assert_close(batch["advantages"], ro.advantages[:2].flatten())
     stats = ro.stats()
-    assert stats["accuracy"] == pytest.approx(1 / 3) and stats["format_rate"] == pytest.approx(2 / 3)
+    assert (stats["accuracy"] == pytest.approx(1 / 3)
+            and stats["format_rate"] == pytest.approx(2 / 3))
     assert stats["signal"] == 1.0 and stats["reward"] == pytest.approx(1 / 3)
 
 

@@ -193,4 +193,5 @@ if __name__ == "__main__":
     print(f"{sum(len(d) for d in graph.values())} package arrows; "
           f"{sum(len(d) for d in module_graph().values())} module arrows")
     for name, path in sorted(MODULES.items(), key=lambda kv: -len(kv[1].read_text().splitlines())):
-        print(f"{name or '(root)':28s} {len(path.read_text(encoding='utf-8').splitlines()):5d} lines")
+        print(f"{name or '(root)':28s} "
+              f"{len(path.read_text(encoding='utf-8').splitlines()):5d} lines")

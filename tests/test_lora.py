@@ -1,5 +1,5 @@
-"""LoRA (minimind_lib.training.lora): the layer against its formula, freezing, counts, merging, PEFT's
-adapter format, and the real ``peft`` library applied to the Hugging Face export."""
+"""LoRA (minimind_lib.training.lora): the layer against its formula, freezing, counts, merging,
+PEFT's adapter format, and the real ``peft`` library applied to the Hugging Face export."""
 
 from __future__ import annotations
 
@@ -157,7 +157,8 @@ def test_adamw_keeps_state_for_the_adapters_only():
     tensors = len([p for p in adapted.parameters() if p.requires_grad])
     # two fp32 moments per trainable value, plus one fp32 step counter per tensor
     assert state_after_one_step(adapted) == 8 * count_parameters(adapted).trainable + 4 * tensors
-    assert state_after_one_step(full) == 8 * full.num_parameters() + 4 * len(list(full.parameters()))
+    assert state_after_one_step(full) == (8 * full.num_parameters()
+                                          + 4 * len(list(full.parameters())))
 
 
 # --- merging -------------------------------------------------------------------------------

@@ -280,7 +280,7 @@ def test_alibi_and_nope_models_store_no_position_tables():
         model(torch.zeros(1, 65, dtype=torch.long))
 
 
-# --- minimind_lib.evaluation.long_context ----------------------------------------------------------
+# --- minimind_lib.evaluation.long_context -----------------------------------------------------
 
 
 def test_extend_keeps_the_weights_and_scaling_starts_past_the_training_length():

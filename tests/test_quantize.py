@@ -1,5 +1,5 @@
-"""int8 weight-only quantisation (minimind_lib.model.quantize): error bounds, the int8 modules, sizes,
-save/load, PyTorch's dynamic int8, and the quality of a quantised *trained* model."""
+"""int8 weight-only quantisation (minimind_lib.model.quantize): error bounds, the int8 modules,
+sizes, save/load, PyTorch's dynamic int8, and the quality of a quantised *trained* model."""
 
 import json
 import math
@@ -54,7 +54,8 @@ def test_per_channel_error_bound(rows, cols, seed, log_spread):
     # tolerance: s/2 from rounding, plus fp32 rounding of w / s and s * q (a few ulps of |w|)
     assert bool((err <= scale[:, None] / 2 + 1e-6 * w.abs() + 1e-12).all())
     row_max = w.abs().amax(dim=1)
-    assert torch.equal(q.abs().amax(dim=1)[row_max > 0], torch.full_like(q[:, 0], QMAX)[row_max > 0])
+    assert torch.equal(q.abs().amax(dim=1)[row_max > 0],
+                       torch.full_like(q[:, 0], QMAX)[row_max > 0])
     # per tensor, every row pays for the largest scale: per channel is never worse (up to ulps)
     q_t, s_t = absmax_quantize(w, per_channel=False)
     assert s_t.dim() == 0
@@ -125,7 +126,8 @@ def test_groups_skip_and_linear_only():
     assert ["model.embed_tokens", "lm_head"] in groups
     assert len(groups) == 1 + 7 * TINY["num_hidden_layers"]
     linear_only = quantization_groups(model, embeddings=False)  # tied pair is not all Linear
-    assert all(len(g) == 1 for g in linear_only) and len(linear_only) == 7 * TINY["num_hidden_layers"]
+    assert (all(len(g) == 1 for g in linear_only)
+            and len(linear_only) == 7 * TINY["num_hidden_layers"])
     qm = quantize_int8(model, skip=["model.layers.0.mlp.down_proj", "lm_head"])
     assert isinstance(qm.model.layers[0].mlp.down_proj, nn.Linear)
     assert isinstance(qm.model.embed_tokens, nn.Embedding)  # half a tie skipped: both stay fp32

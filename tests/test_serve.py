@@ -179,7 +179,8 @@ def test_content_parts_and_seeded_sampling(server, model, tok):
     a = httpx.post(server.url + "/v1/chat/completions", json=req, timeout=60).json()
     b = httpx.post(server.url + "/v1/chat/completions", json=req, timeout=60).json()
     want = expected(model, tok, "question 5", 10, temperature=1.0, top_k=50, seed=7)
-    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"] == want.text
+    assert (a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+            == want.text)
 
 
 def read_sse(response):

@@ -64,7 +64,8 @@ def test_multi_turn_supervises_every_assistant_turn():
     assert TOK.decode(ids) == apply_chat_template(chat)
     # the <|im_end|> of user and system turns is never a target; each assistant's one is
     ends = [k for k, i in enumerate(ids) if i == IM_END]
-    assert [labels[k] != IGNORE_INDEX for k in ends] == [False, False, True, False, True, False, True]
+    assert ([labels[k] != IGNORE_INDEX for k in ends]
+            == [False, False, True, False, True, False, True])
 
 
 def test_system_message_and_role_markers_are_never_supervised():
@@ -72,7 +73,8 @@ def test_system_message_and_role_markers_are_never_supervised():
     with_system, without = check_contract([system, USER, REPLY]), check_contract([USER, REPLY])
     for ids, labels in (with_system, without):
         assert supervised_runs(labels) == expected_runs([USER, REPLY])
-        marked = [lab for i, lab in zip(ids, labels, strict=True) if i == TOK.token_to_id("<|im_start|>")]
+        marked = [lab for i, lab in zip(ids, labels, strict=True)
+                  if i == TOK.token_to_id("<|im_start|>")]
         assert marked and all(lab == IGNORE_INDEX for lab in marked)
     assert TOK.decode(with_system[0]).startswith("<|im_start|>system\nYou answer with one number.")
 
@@ -115,7 +117,8 @@ def test_mask_contract_on_random_conversations(messages, system, max_length):
 @settings(max_examples=40, deadline=None)
 @given(texts=st.lists(st.one_of(text, st.just("a<|im_start|>b<|endoftext|>")), max_size=5))
 def test_fast_batch_encoding_equals_the_python_tokenizer(texts):
-    assert TOK.encode_batch(texts, allowed_special=set()) == [TOK.encode(t, allowed_special=set()) for t in texts]
+    assert (TOK.encode_batch(texts, allowed_special=set())
+            == [TOK.encode(t, allowed_special=set()) for t in texts])
 
 
 def chat_of(user: str, reply: str) -> dict:
@@ -140,7 +143,8 @@ def test_dataset_equals_sft_example_on_bundled_data_and_pads_with_ignore():
     records = list(itertools.islice(read_jsonl(DATA_DIR / "sft_sample.jsonl", "sft"), 300))
     ds = SFTDataset(records, TOK, seq_len=64, chunk_size=128, progress=False)
     assert len(ds) + ds.skipped == len(records)
-    assert ds.skipped == sum(all(lab == IGNORE_INDEX for lab in sft_example(TOK, r["conversations"], 64)[1])
+    assert ds.skipped == sum(all(lab == IGNORE_INDEX
+                                 for lab in sft_example(TOK, r["conversations"], 64)[1])
                              for r in records)
     kept = [r for r in records if any(lab != IGNORE_INDEX for lab in
                                       sft_example(TOK, r["conversations"], 64)[1])]
@@ -166,7 +170,8 @@ def test_padded_batch_gives_each_row_its_unpadded_loss():
     torch.manual_seed(0)
     model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
                                                num_attention_heads=2, num_key_value_heads=1))
-    short = {"input_ids": torch.tensor([1, 40, 41, 42]), "labels": torch.tensor([-100, -100, 41, 42])}
+    short = {"input_ids": torch.tensor([1, 40, 41, 42]),
+             "labels": torch.tensor([-100, -100, 41, 42])}
     long = {"input_ids": torch.tensor([1, 50, 51, 52, 53, 54]),
             "labels": torch.tensor([-100, -100, -100, 52, 53, 54])}
     batch = pad_sft_batch([short, long], pad_id=0)

@@ -277,9 +277,11 @@ def test_loads_other_byte_level_bpe_settings(tmp_path):
     ours, hf = BPETokenizer.from_file(path), Tokenizer.from_file(str(path))
     assert ours.to_dict()["model"]["vocab"] == hf.get_vocab(with_added_tokens=False)
     assert ours.vocab == hf.get_vocab(with_added_tokens=True)
-    for text in ["hello<think>there</think> ink>x", "<think>x", "a <|im_end|>b"] + corpus("en", 50, 5):
+    for text in (["hello<think>there</think> ink>x", "<think>x", "a <|im_end|>b"]
+                 + corpus("en", 50, 5)):
         assert ours.encode(text) == hf.encode(text).ids, text
-        assert ours.decode(ours.encode(text)) == hf.decode(hf.encode(text).ids, skip_special_tokens=False)
+        assert ours.decode(ours.encode(text)) == hf.decode(hf.encode(text).ids,
+                                                           skip_special_tokens=False)
 
 
 def test_transformers_loads_the_saved_folder(trained, tmp_path):
@@ -321,7 +323,8 @@ def test_chat_template_default_system_and_generation_prompt():
     text = apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True)
     assert text == ("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
                     "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n")
-    own = apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "x"}])
+    own = apply_chat_template([{"role": "system", "content": "S"},
+                               {"role": "user", "content": "x"}])
     assert own == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nx<|im_end|>\n"
 
 
@@ -344,7 +347,7 @@ def test_chat_bad_messages():
         apply_chat_template([{"role": "user", "content": "x"}, {"role": "bot", "content": "y"}])
 
 
-# --- bad input ---------------------------------------------------------------------------------------
+# --- bad input --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("train", [train_bpe, train_bpe_fast])

@@ -195,7 +195,8 @@ def test_vqa_training_data_asks_each_picture_only_what_it_shows():
     data = VQADataset(tokenizer, 10, seed=0, image_tokens=4, recoloured=0.3, reshaped=0.3)
     for k in range(len(data)):
         scene = data.scene(k // 10)
-        answer = tokenizer.decode([t for t in data[k]["labels"] if t >= 0]).removesuffix("<|im_end|>")
+        answer = tokenizer.decode([t for t in data[k]["labels"]
+                                   if t >= 0]).removesuffix("<|im_end|>")
         # a ring has no shape name, an unnamed ink no colour name: neither is ever asked
         kinds = [kind for kind in QUESTION_KINDS
                  if not (kind == "shape" and scene.shape in UNNAMED_SHAPES)

@@ -13,7 +13,7 @@ TOKENIZER_FILE = "tokenizer.json"  # HF tokenizer.json
 #: are required, special_tokens_map.json travels along when present
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 
-# --- the vision stage's folders (``vision.save_clip``, ``vlm.save_vlm``) -----------------------
+# --- the vision stage's folders (``vision.clip.save_clip``, ``vlm.save_vlm``) ---------------------
 CLIP_DIR = "clip"  # <out>/vision/clip/: the tiny CLIP (a CLIP folder)
 VLM_DIR = "vlm"  # <out>/vision/vlm/: the vision-language model (a VLM folder)
 CLIP_CONFIG_FILE = "clip_config.json"  # a CLIP folder: the CLIPConfig (+ model.safetensors)
@@ -24,12 +24,12 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's LoraConfig fields
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"  # base_model.model.<module>.lora_A.weight ...
 MERGED_DIR = "merged"  # the lora stage's merged model (a model folder)
 
-# --- a training run (``train.train``) -------------------------------------------------------
+# --- a training run (``training.loop.train``) -----------------------------------------------------
 METRICS_FILE = "metrics.jsonl"  # one json object per optimizer step
 CHECKPOINTS_DIR = "checkpoints"  # step_NNNNNNN/ folders and the ``latest`` pointer
 LATEST_FILE = "latest"
 STATE_FILE = "train_state.pt"  # optimizer, scaler, RNG, data position
-PRETOKENIZED_META = "meta.json"  # beside train.bin / val.bin (``data.tokenize_corpus``)
+PRETOKENIZED_META = "meta.json"  # beside train.bin / val.bin (``data.pretraining.tokenize_corpus``)
 
 # --- a stage folder (``pipeline.ensure``) and the run report ---------------------------------
 MARKER_FILE = "stage.json"  # written last: the stage finished, and from what

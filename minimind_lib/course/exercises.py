@@ -308,7 +308,8 @@ def _lr_linear(answer: Callable) -> None:
     lrs = [answer(s, 100, 1.0, 10, 0.1) for s in range(100)]
     warmup = [lr_at(s, max_steps=100, peak_lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
               for s in range(10)]
-    assert all(abs(a - b) < 1e-12 for a, b in zip(lrs[:10], warmup, strict=True)), "same warmup as lr_at"
+    assert all(abs(a - b) < 1e-12
+               for a, b in zip(lrs[:10], warmup, strict=True)), "same warmup as lr_at"
     assert abs(lrs[9] - 1.0) < 1e-12, f"the peak at the end of the warmup: got {lrs[9]}"
     assert abs(lrs[-1] - 0.1) < 1e-12, f"min_ratio x peak at the last step: got {lrs[-1]}"
     steps = [b - a for a, b in zip(lrs[10:], lrs[11:], strict=False)]
@@ -389,7 +390,8 @@ def _dpo_gradient_weight(grad_weight) -> None:
         loss, rw, rl = dpo_loss(pi_w, pi_l, ref_w, ref_l, beta)
         (grad,) = torch.autograd.grad(loss, pi_w)
         got = torch.as_tensor(grad_weight(rw - rl, beta, 6), dtype=grad.dtype)
-        assert got.shape == grad.shape, f"expected shape {tuple(grad.shape)}, got {tuple(got.shape)}"
+        assert got.shape == grad.shape, (f"expected shape {tuple(grad.shape)}, "
+                                         f"got {tuple(got.shape)}")
         assert torch.allclose(got, grad, atol=1e-6), f"beta={beta}: {got} != autograd {grad}"
 
 
@@ -402,8 +404,10 @@ def _average_logprob(avg_logprob) -> None:
                            [-100, -100, -100, -100, -100, 9, -100]])
     expected = answer_logprobs(logits, labels, average=True)
     got = torch.as_tensor(avg_logprob(logits, labels), dtype=expected.dtype)
-    assert got.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-    assert torch.allclose(got, expected, atol=1e-5), f"{got} != {expected} (mean over answer tokens)"
+    assert got.shape == expected.shape, (f"expected shape {tuple(expected.shape)}, "
+                                         f"got {tuple(got.shape)}")
+    assert torch.allclose(got, expected, atol=1e-5), (f"{got} != {expected} "
+                                                      "(mean over answer tokens)")
 
 
 @check("06.3")
@@ -551,7 +555,8 @@ def _lora_case():
 
 @check("09.1")
 def _lora_forward(answer) -> None:
-    """``answer(x, W, A, B, alpha)``: the adapted layer's output, ``x W^T + (alpha/r) x A^T B^T``."""
+    """``answer(x, W, A, B, alpha)``: the adapted layer's output,
+    ``x W^T + (alpha/r) x A^T B^T``."""
 
     x, W, A, B = _lora_case()
     want = x @ W.T + (4.0 / A.shape[0]) * (x @ A.T) @ B.T  # (2, 3, 6)
@@ -599,7 +604,8 @@ def _leave_one_out_advantages(rloo) -> None:
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.0]])
     expected = torch.tensor([[r - (sum(row) - r) / 3 for r in row] for row in rewards.tolist()])
     got = torch.as_tensor(rloo(rewards), dtype=expected.dtype)
-    assert got.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    assert got.shape == expected.shape, (f"expected shape {tuple(expected.shape)}, "
+                                         f"got {tuple(got.shape)}")
     assert torch.allclose(got, expected, atol=1e-6), f"{got}\n!= {expected}"
 
 

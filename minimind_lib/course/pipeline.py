@@ -136,7 +136,8 @@ def differences(old: object, new: object, prefix: str = "") -> list[str]:
             path = f"{prefix}.{key}" if prefix else str(key)
             if prefix == "data":
                 if old.get(key) != new.get(key):
-                    state = "added" if key not in old else "removed" if key not in new else "changed"
+                    state = ("added" if key not in old else "removed" if key not in new
+                             else "changed")
                     out.append(f"data {key} {state}")
             else:
                 out += differences(old.get(key), new.get(key), path)
@@ -263,7 +264,7 @@ def _keep_previous(stage_dir: Path, root: Path, reason: str | None) -> None:
 
 def _write_run_config(ctx: StageContext) -> None:
     """``run_config.json``: everything the stage runs with, resolved (the manual's config)."""
-    profile, settings = ctx.profile, getattr(ctx.profile, ctx.stage, None)
+    profile, settings = ctx.profile, get_stage(ctx.stage).settings_in(ctx.profile)
     config = {"stage": ctx.stage, "profile": profile.name, "overrides": list(profile.overrides),
               "seed": profile.seed, "model": profile.model.to_dict(),
               "settings": asdict(settings) if settings is not None else None,
@@ -327,7 +328,8 @@ def model_to_show(profile: Profile | str | None = None,
     for stage in stages:
         if read_marker(profile.runs_dir / stage) is not None:
             return (profile.runs_dir / stage,
-                    f"your own {stage!r} model ({profile.name} profile, {profile.runs_dir / stage})")
+                    f"your own {stage!r} model ({profile.name} profile, "
+                    f"{profile.runs_dir / stage})")
     return REFERENCE_MODEL, ("the shipped reference model (data/reference/sft: the cpu profile "
                              "after SFT), since runs/" f"{profile.name}/ holds no finished "
                              f"{' or '.join(stages)} stage yet")

@@ -3,11 +3,11 @@
 ``python -m minimind_lib plan --profile P [--json]`` prints, for each training stage, the
 tokens planned and available, passes over the data, optimizer steps and tokens per step, and
 an estimated time on a few named GPUs and on this CPU. (Each training run also logs its plan,
-exactly, when it starts: ``train.train``.)
+exactly, when it starts: ``training.loop.train``.)
 
 Assumptions, stated once:
 
-* training FLOPs per token: ``6N + 12 L C T`` (``train.flops_per_token``; PaLM appendix B);
+* training FLOPs per token: ``6N + 12 L C T`` (``training.loop.flops_per_token``; PaLM appendix B);
   DPO adds a forward pass (``2N`` per token) over its pairs for the reference log-probs, and
   on-policy DPO the sampling: ``samples`` forward passes over each question and its answer;
 * GRPO is not planned here: each of its steps samples as much as it trains (its own log

@@ -25,7 +25,7 @@ from minimind_lib.core.filenames import METRICS_FILE
 
 def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a ``metrics.jsonl`` (one json object per line; a torn last line, left by
-    a killed run, is dropped with a warning: ``files.read_json_lines``)."""
+    a killed run, is dropped with a warning: ``core.atomic.read_json_lines``)."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
@@ -73,7 +73,8 @@ _CJK_HINTS = ("CJK", "Hei", "Song", "Kai", "Ming", "YaHei", "PingFang", "Hiragin
 CJK_FONT_HINT = ("no installed font has Chinese glyphs: Chinese labels are shown as #k (see the "
                  "printed legend). Install one and restart the kernel: Debian/Ubuntu `sudo apt "
                  "install fonts-noto-cjk`, Fedora `sudo dnf install google-noto-sans-cjk-fonts`, "
-                 "conda `conda install -c conda-forge font-ttf-noto-cjk`; macOS and Windows have one")
+                 "conda `conda install -c conda-forge font-ttf-noto-cjk`; macOS and Windows "
+                 "have one")
 
 
 def cjk_font() -> str | None:

@@ -63,8 +63,9 @@ DATA_ENV_VAR = "MINIMIND_DATA_DIR"
 @dataclass(frozen=True)
 class Profile:
     """Everything that differs between CI, a laptop and a GPU: the model, the hyper-parameters
-    of each training stage (``train.TrainSettings``; DPO's and GRPO's add their own, LoRA's the
-    adapter's shape), how the engine runs (``train.RunOptions``) and which data it needs.
+    of each training stage (``training.settings.TrainSettings``; DPO's and GRPO's add their own,
+    LoRA's the adapter's shape), how the engine runs (``training.settings.RunOptions``) and which
+    data it needs.
 
     ``needs_minimind_data``: the profile trains on MiniMind's datasets (``$MINIMIND_DATA_DIR``,
     else ``data/minimind/`` where ``download data`` puts them); otherwise on the data present
@@ -88,7 +89,8 @@ class Profile:
 
     @property
     def runs_dir(self) -> Path:
-        """Where stages write their outputs: ``runs/<profile>`` (or ``$MINIMIND_RUNS_DIR/<profile>``)."""
+        """Where stages write their outputs: ``runs/<profile>`` (or
+        ``$MINIMIND_RUNS_DIR/<profile>``)."""
         root = os.environ.get("MINIMIND_RUNS_DIR")
         return (Path(root) if root else REPO_ROOT / "runs") / self.name
 

@@ -3,10 +3,10 @@
 This is the stage layer: it imports the concept modules (tokenizer, data, model, train, sft,
 dpo, quantize, formats, evaluate, checkpoint) and never the other way round. A stage is a
 function ``fn(ctx: StageContext) -> dict`` registered with ``@register``: it writes
-``ctx.out_dir`` and returns a json-able summary. ``minimind_lib.course.pipeline.ensure`` runs it (and
-its prerequisites) when its output is missing or stale, and each registered stage is a CLI
-command (``python -m minimind_lib <stage>``). The registry is the one list of stages: its order
-is the stage order everywhere (``all``, the report, the default model of ``serve``).
+``ctx.out_dir`` and returns a json-able summary. ``minimind_lib.course.pipeline.ensure`` runs
+it (and its prerequisites) when its output is missing or stale, and each registered stage is a
+CLI command (``python -m minimind_lib <stage>``). The registry is the one list of stages: its
+order is the stage order everywhere (``all``, the report, the default model of ``serve``).
 
 A new stage goes here::
 
@@ -450,7 +450,8 @@ def quantize_stage(ctx: StageContext) -> dict:
     atomic_write_text(ctx.out_dir / FORMATS_FILE, table + "\n")
     print(table)
     done = [r for r in rows if not r.note]
-    return {"source": source.name if ctx.init is None else str(source), "format": INT8_FORMAT, "eval": EVAL_FILE, "table": FORMATS_FILE,
+    return {"source": source.name if ctx.init is None else str(source), "format": INT8_FORMAT,
+            "eval": EVAL_FILE, "table": FORMATS_FILE,
             "size_bytes": {r.name: r.size_bytes for r in done},
             "perplexity": {r.name: r.metrics["perplexity"] for r in done},
             "exact_match": {r.name: r.metrics["exact_match"] for r in done},
@@ -467,7 +468,8 @@ def vision_stage(ctx: StageContext) -> dict:
     """Train the tiny CLIP (``clip/``), then the VLM on ``ctx.start_dir()`` (the sft model, or
     ``--init data/reference/sft``) with CLIP's frozen image encoder (``vlm/``: a VLM folder with
     the tokenizer beside it), and score both on pictures of held-out (colour, shape) pairs:
-    ``eval.json`` (``vlm.vision_eval``) and ``metrics.jsonl`` (both runs' rows, by ``phase``)."""
+    ``eval.json`` (``vision.recipe.vision_eval``) and ``metrics.jsonl`` (both runs' rows, by
+    ``phase``)."""
     profile, settings = ctx.profile, ctx.profile.vision
     tokenizer = ctx.tokenizer()
     lm = load_model(ctx.start_dir())
@@ -526,11 +528,11 @@ def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCa
                       "merged/; evaluates before and after")
 def lora_stage(ctx: StageContext) -> dict:
     """``ctx.start_dir()`` (sft, or ``--init DIR``) + LoRA adapters trained with
-    ``profile.lora`` on the generated task family of ``minimind_lib.data.hanzi_codes`` -> ``ctx.out_dir``:
-    ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT's format), ``merged/`` (the
-    model with the adapters folded in: a ``load_model`` folder, tokenizer files beside it),
-    ``metrics.jsonl`` and ``eval.json`` (the new task's and the SFT tasks' held-out questions,
-    before and after: what was learnt, and what was forgotten)."""
+    ``profile.lora`` on the generated task family of ``minimind_lib.data.hanzi_codes`` ->
+    ``ctx.out_dir``: ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT's format),
+    ``merged/`` (the model with the adapters folded in: a ``load_model`` folder, tokenizer files
+    beside it), ``metrics.jsonl`` and ``eval.json`` (the new task's and the SFT tasks'
+    held-out questions, before and after: what was learnt, and what was forgotten)."""
     profile, settings = ctx.profile, ctx.profile.lora
     tokenizer, start = ctx.tokenizer(), ctx.start_dir()
     model = load_model(start)

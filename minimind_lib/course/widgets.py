@@ -41,8 +41,9 @@ def plot_attention(ax: Axes, weights: torch.Tensor, tokens: Sequence[str],
 def attention_explorer(maps: torch.Tensor, tokens: Sequence[str]):
     """Pick a layer and a head with sliders and see its heatmap.
 
-    ``maps`` (L, H, T, T) for one sentence (``minimind_lib.model.decoder.attention_maps(...)[:, 0]``),
-    ``tokens`` the T token strings.  Returns an ``ipywidgets.VBox``; display it in a notebook.
+    ``maps`` (L, H, T, T) for one sentence
+    (``minimind_lib.model.decoder.attention_maps(...)[:, 0]``), ``tokens`` the T token strings.
+    Returns an ``ipywidgets.VBox``; display it in a notebook.
     """
     import ipywidgets as w
 

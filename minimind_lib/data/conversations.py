@@ -185,8 +185,10 @@ class SFTDataset(Dataset):
 def pad_sft_batch(batch: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
     """Stack ``{"input_ids", "labels"}`` examples of different lengths into (B, T_max) tensors.
 
-    >>> b = pad_sft_batch([{"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])},
-    ...                    {"input_ids": torch.tensor([5]), "labels": torch.tensor([-100])}], pad_id=0)
+    >>> b = pad_sft_batch([{"input_ids": torch.tensor([5, 6, 7]),
+    ...                     "labels": torch.tensor([-100, 6, 7])},
+    ...                    {"input_ids": torch.tensor([5]), "labels": torch.tensor([-100])}],
+    ...                   pad_id=0)
     >>> b["input_ids"].tolist(), b["labels"].tolist()
     ([[5, 6, 7], [5, 0, 0]], [[-100, 6, 7], [-100, -100, -100]])
     """

@@ -11,8 +11,8 @@ Each answer is exact and computed from the prompt, so a small model can learn th
 examples, and the held-out split tests the rule, not memory: a fixed 10% of all codes (by a
 stable hash of the code) only ever appear in held-out questions. Prompts come from a few
 templates per task (Chinese and English); the records have the bundled SFT format with
-``"task"``, ``"family"`` and ``"answer"``, so ``evaluate.evaluate_sft`` scores them. They are
-generated in memory from a seed (nothing is written under ``data/``).
+``"task"``, ``"family"`` and ``"answer"``, so ``evaluation.questions.evaluate_sft`` scores them.
+They are generated in memory from a seed (nothing is written under ``data/``).
 
 >>> to_hanzi("407"), to_digits("四零七")
 ('四零七', '407')

@@ -167,5 +167,6 @@ def load_pretrain_split(out_dir: str | Path, split: str, seq_len: int) -> Pretra
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose train or val")
     if not (Path(out_dir) / PRETOKENIZED_META).is_file():
-        raise FileNotFoundError(f"{out_dir}: no {PRETOKENIZED_META} (tokenize_corpus did not finish)")
+        raise FileNotFoundError(f"{out_dir}: no {PRETOKENIZED_META} "
+                                "(tokenize_corpus did not finish)")
     return PretrainDataset(Path(out_dir) / f"{split}.bin", seq_len)

@@ -191,7 +191,8 @@ def formats_table(rows: list[FormatRow]) -> str:
 @dataclass
 class FormatComparison:
     """What ``measure_formats`` measured: the table rows, and per format the held-out scores
-    (``evaluate.ModelEval``: question scores per task, text perplexity and bits per byte)."""
+    (``evaluation.model_eval.ModelEval``: question scores per task, text perplexity and bits per
+    byte)."""
 
     rows: list[FormatRow]
     evals: dict[str, ModelEval]

@@ -149,7 +149,8 @@ def generate_answers(model: nn.Module, tokenizer: BPETokenizer,
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
     end_turn, end_text = tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT)
-    prompts = [encode_chat(tokenizer, _as_messages(q), add_generation_prompt=True) for q in questions]
+    prompts = [encode_chat(tokenizer, _as_messages(q), add_generation_prompt=True)
+               for q in questions]
     by_length: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(prompts):
         by_length[len(p)].append(i)
@@ -269,7 +270,8 @@ def answer_budget(tokenizer: BPETokenizer, records: Sequence[dict], slack: int =
     >>> answer_budget(load_tokenizer(), [{"answer": "李白"}, {"answer": "2 + 7 = 9"}])
     17
     """
-    return max(len(tokenizer.encode(reference(r), allowed_special=set())) for r in records) + 1 + slack
+    return max(len(tokenizer.encode(reference(r), allowed_special=set()))
+               for r in records) + 1 + slack
 
 
 def evaluate_sft(model: nn.Module, tokenizer: BPETokenizer, eval_records: Sequence[dict],

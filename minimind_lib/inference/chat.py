@@ -51,14 +51,15 @@ class SamplingError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick the next tokens (see ``model.sample_next_token``); ``seed`` (0 ..
+    """How to pick the next tokens (see ``model.sampling.sample_next_token``); ``seed`` (0 ..
     ``MAX_SEED``) makes a sampled answer repeatable, ``temperature=0`` is greedy (and so is any
-    temperature below ``model.MIN_TEMPERATURE``). A bad value raises ``SamplingError``.
+    temperature below ``model.sampling.MIN_TEMPERATURE``). A bad value raises ``SamplingError``.
 
-    >>> SamplingParams(seed=2**32)
-    Traceback (most recent call last):
-    ...
-    minimind_lib.inference.chat.SamplingError: seed must be an integer in [0, 4294967295], got 4294967296
+    >>> try:
+    ...     SamplingParams(seed=2**32)
+    ... except SamplingError as e:
+    ...     print(f"{type(e).__name__} ({e.field}): {e}")
+    SamplingError (seed): seed must be an integer in [0, 4294967295], got 4294967296
     """
 
     max_new_tokens: int = 128

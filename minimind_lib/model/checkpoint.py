@@ -246,7 +246,8 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 def load_checkpoint(path: str | Path, model: nn.Module, device: str | torch.device = "cpu") -> dict:
     """Load a checkpoint's weights into ``model`` (strictly) and return its training state."""
     path = Path(path)
-    if isinstance(getattr(model, "config", None), MiniMindConfig) and (path / CONFIG_FILE).is_file():
+    if (isinstance(getattr(model, "config", None), MiniMindConfig)
+            and (path / CONFIG_FILE).is_file()):
         saved = read_config(path)
         if saved != model.config:
             diff = {k: (v, getattr(model.config, k)) for k, v in saved.to_dict().items()

@@ -78,7 +78,8 @@ class MiniMindModel(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(Block(config, use_sdpa) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(Block(config, use_sdpa)
+                                    for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.use_rope = config.position_encoding == "rope"
         if self.use_rope:
@@ -185,8 +186,9 @@ class MiniMindForCausalLM(nn.Module):
     def gradient_checkpointing_enable(self) -> MiniMindForCausalLM:
         """Activation checkpointing (HF's name): in training, keep only each block's input and
         recompute the block during backward. The gradients are the same; the memory for saved
-        activations drops to the block inputs plus the head and loss (``minimind_lib.training.memory``
-        measures it), for one more forward pass per step (about a third more compute)."""
+        activations drops to the block inputs plus the head and loss
+        (``minimind_lib.training.memory`` measures it), for one more forward pass per step (about
+        a third more compute)."""
         self.model.gradient_checkpointing = True
         return self
 

@@ -64,8 +64,8 @@ def check_hf_exportable(config: MiniMindConfig) -> None:
     """
     if config.use_moe:
         raise ValueError("cannot express use_moe=True as a transformers Llama (it has one dense "
-                         "FFN per layer); save the model with minimind_lib.model.checkpoint.save_model "
-                         "instead")
+                         "FFN per layer); save the model with "
+                         "minimind_lib.model.checkpoint.save_model instead")
     if config.position_encoding != "rope":
         raise ValueError(f"cannot express position_encoding={config.position_encoding!r} as a "
                          "transformers Llama (it always rotates q and k with RoPE)")
@@ -256,8 +256,8 @@ def from_pretrained(directory: str | os.PathLike) -> MiniMindForCausalLM:
 
 class ByteLevelTokenizer:
     """A Hugging Face byte-level BPE tokenizer (GPT-2's kind: MiniMind, Qwen, Llama 3, ...)
-    seen through the two methods ``evaluate.bits_per_byte`` needs, so a Hugging Face model and
-    its own tokenizer can be compared with ours on the same text.
+    seen through the two methods ``evaluation.perplexity.bits_per_byte`` needs, so a Hugging Face
+    model and its own tokenizer can be compared with ours on the same text.
 
     >>> from transformers import AutoTokenizer
     >>> from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, load_tokenizer
@@ -355,7 +355,8 @@ def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForC
         from minimind_lib.core.download import ARTIFACTS, download
 
         name = str(source).split("/")[1]
-        folder = download("model", ARTIFACTS["model"].default_dir.parent / name, repo_id=str(source))
+        folder = download("model", ARTIFACTS["model"].default_dir.parent / name,
+                          repo_id=str(source))
         return _from_transformers_folder(folder)
     raise FileNotFoundError(f"{source}: not a folder, a weights file or a Hub repo id "
                             "(owner/name)")
@@ -395,7 +396,8 @@ def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
         raise ValueError(f"{folder / CONFIG_FILE}: scaled RoPE {rope} is not supported")
     fields_ = {k: hf[k] for k in _HF_CONFIG_KEYS + _MOE_KEYS if hf.get(k) is not None}
     fields_["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 1e4)))
-    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()]
+    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin")
+               if (folder / n).is_file()]
     if not weights:
         raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")
     return _build(MiniMindConfig(**fields_), _load_tensors(weights[0]), str(weights[0]))

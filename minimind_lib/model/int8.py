@@ -173,7 +173,8 @@ def install_int8_layers(model: nn.Module, groups: list[list[str]], source: str =
     ('QuantLinear', torch.int8)
     """
     modules = dict(model.named_modules(remove_duplicate=False))
-    bad = [n for g in groups for n in g if not isinstance(modules.get(n), (nn.Linear, nn.Embedding))]
+    bad = [n for g in groups for n in g
+           if not isinstance(modules.get(n), (nn.Linear, nn.Embedding))]
     if bad or not groups:
         raise ValueError(f"{source}: 'groups' must name Linear/Embedding modules of the "
                          f"model; these are not: {bad}")

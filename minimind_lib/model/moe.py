@@ -137,7 +137,8 @@ def dense_twin(config: MiniMindConfig) -> MiniMindConfig:
 @torch.no_grad()
 def expert_load(model: nn.Module, input_ids: Tensor) -> Tensor:
     """How many (token, choice) slots each MoE layer routes to each expert for ``input_ids``
-    (B, T) through a ``MiniMindForCausalLM``: a (L, E) count tensor; every row sums to B·T·k (notebook 11's histogram).
+    (B, T) through a ``MiniMindForCausalLM``: a (L, E) count tensor; every row sums to B·T·k
+    (notebook 11's histogram).
 
     >>> from minimind_lib.model.decoder import MiniMindForCausalLM
     >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=16,

@@ -162,8 +162,9 @@ def quantize_dynamic_torch(model: nn.Module, skip: Iterable[str] = ()) -> nn.Mod
     """PyTorch's own dynamic int8 (``torch.ao.quantization.quantize_dynamic``): int8 weights
     per output channel like ours, and activations quantised to int8 on the fly so the matmul
     itself runs in int8 (fbgemm/x86/qnnpack kernels, CPU only).  It has no dynamic int8
-    embedding, so only the untied Linear layers are quantised (a tied head stays fp32).  Returns a copy; raises ``RuntimeError``
-    naming the reason where it is unavailable (see ``torch_int8_unavailable``).
+    embedding, so only the untied Linear layers are quantised (a tied head stays fp32).  Returns
+    a copy; raises ``RuntimeError`` naming the reason where it is unavailable (see
+    ``torch_int8_unavailable``).
     """
     reason = torch_int8_unavailable(next(model.parameters()).device)
     if reason:

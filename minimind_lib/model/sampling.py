@@ -24,7 +24,7 @@ def sampling_problem(temperature: float, top_k: int | None = None,
                      top_p: float | None = None) -> tuple[str, str] | None:
     """``(field, what is wrong)`` for sampling settings ``sample_next_token`` cannot use, or None.
 
-    The one rule book: ``sample_next_token`` and ``inference.SamplingParams`` both apply it.
+    The one rule book: ``sample_next_token`` and ``inference.chat.SamplingParams`` both apply it.
 
     >>> sampling_problem(float("nan"))
     ('temperature', 'temperature must be a finite number >= 0, got nan')

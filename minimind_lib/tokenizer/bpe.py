@@ -41,7 +41,7 @@ COURSE_VOCAB_SIZE = 6400
 #: are newer than those of tokenizers' Oniguruma: 17,480 code points (e.g. U+0558), all
 #: unassigned in Python 3.11's Unicode 14, are letters to one and not the other.  Every
 #: character Python's tables know splits identically (tests/test_tokenizer.py).
-GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_SPLIT_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _SPLIT = regex.compile(GPT2_SPLIT_PATTERN)
 
 
@@ -149,7 +149,8 @@ class BPETokenizer:
         self.vocab = {**vocab, **{t.content: t.id for t in added_tokens}}  # added ids win, as in HF
         self.merges = [tuple(m) for m in merges]
         self.added_tokens = list(added_tokens)
-        self.add_prefix_space, self.use_regex, self.ignore_merges = add_prefix_space, use_regex, ignore_merges
+        (self.add_prefix_space, self.use_regex,
+         self.ignore_merges) = add_prefix_space, use_regex, ignore_merges
         self._id_to_token = {i: t for t, i in vocab.items()}
         self._id_to_token.update({t.id: t.content for t in added_tokens})
         # merges as ids: (left, right) -> (rank, merged id), HF's MergeMap
@@ -211,7 +212,8 @@ class BPETokenizer:
                 ids.extend(self._encode_ordinary(piece))
         return ids
 
-    def encode_batch(self, texts: Sequence[str], allowed_special: str | set[str]) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str],
+                     allowed_special: str | set[str]) -> list[list[int]]:
         """``[self.encode(t, allowed_special) for t in texts]``, computed by HF ``tokenizers``.
 
         The fast path, on purpose: the Rust tokenizer built from this tokenizer's own
@@ -224,7 +226,8 @@ class BPETokenizer:
 
         >>> tok = load_tokenizer()
         >>> text = "hi <|im_end|>"
-        >>> tok.encode_batch([text], allowed_special=set()) == [tok.encode(text, allowed_special=set())]
+        >>> (tok.encode_batch([text], allowed_special=set())
+        ...  == [tok.encode(text, allowed_special=set())])
         True
         >>> tok.encode_batch([text], allowed_special="all")[0][-1]   # the special id of <|im_end|>
         2
@@ -255,7 +258,8 @@ class BPETokenizer:
                                  f"this tokenizer's are {self.special_tokens}")
             allowed = set(allowed_special)
         else:
-            raise ValueError(f"allowed_special must be 'all' or a set of strings, got {allowed_special!r}")
+            raise ValueError("allowed_special must be 'all' or a set of strings, "
+                             f"got {allowed_special!r}")
         # non-special added tokens are always matched (as in HF)
         return frozenset(allowed | {t.content for t in self.added_tokens if not t.special})
 
@@ -365,8 +369,9 @@ class BPETokenizer:
                       "trim_offsets": True, "use_regex": self.use_regex}
         return {
             "version": "1.0", "truncation": None, "padding": None,
-            "added_tokens": [{"id": t.id, "content": t.content, "single_word": False, "lstrip": False,
-                              "rstrip": False, "normalized": t.normalized, "special": t.special}
+            "added_tokens": [{"id": t.id, "content": t.content, "single_word": False,
+                              "lstrip": False, "rstrip": False, "normalized": t.normalized,
+                              "special": t.special}
                              for t in sorted(self.added_tokens, key=lambda t: t.id)],
             "normalizer": None,
             "pre_tokenizer": byte_level,
@@ -375,7 +380,8 @@ class BPETokenizer:
                         "use_regex": True},
             "model": {"type": "BPE", "dropout": None, "unk_token": None,
                       "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": self.ignore_merges,
+                      "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": self.ignore_merges,
                       "vocab": dict(sorted(self._model_vocab.items(), key=lambda kv: kv[1])),
                       "merges": [list(m) for m in self.merges]},
         }
@@ -445,7 +451,8 @@ class BPETokenizer:
                                     t.get("normalized", False)))
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         try:
-            return cls(model["vocab"], merges, added, add_prefix_space=pre.get("add_prefix_space", True),
+            return cls(model["vocab"], merges, added,
+                       add_prefix_space=pre.get("add_prefix_space", True),
                        use_regex=pre.get("use_regex", True),
                        ignore_merges=model.get("ignore_merges", False))
         except ValueError as e:
@@ -457,7 +464,8 @@ def _added_pattern(tokens: frozenset[str]) -> regex.Pattern | None:
     """Leftmost-longest matcher (HF uses Aho-Corasick, LeftmostLongest)."""
     if not tokens:
         return None
-    return regex.compile("|".join(regex.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))))
+    return regex.compile("|".join(regex.escape(t)
+                                  for t in sorted(tokens, key=lambda t: (-len(t), t))))
 
 
 def _token_bytes(token: str) -> bytes:
@@ -477,7 +485,8 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> BPETokenizer:
     """
     path = Path(path) if path is not None else COURSE_TOKENIZER
     if path is COURSE_TOKENIZER and not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; rebuild it with `python scripts/train_tokenizer.py`")
+        raise FileNotFoundError(f"{path} is missing; rebuild it with "
+                                "`python scripts/train_tokenizer.py`")
     return BPETokenizer.from_file(path)
 
 
@@ -514,7 +523,8 @@ def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
     specials = {"bos_token": IM_START, "eos_token": IM_END, "pad_token": END_OF_TEXT,
                 "unk_token": END_OF_TEXT}
     config = {
-        "add_bos_token": False, "add_eos_token": False, "add_prefix_space": tokenizer.add_prefix_space,
+        "add_bos_token": False, "add_eos_token": False,
+        "add_prefix_space": tokenizer.add_prefix_space,
         "added_tokens_decoder": {str(t.id): {**tag(t.content), "special": t.special}
                                  for t in sorted(tokenizer.added_tokens, key=lambda t: t.id)},
         "additional_special_tokens": [], **specials,

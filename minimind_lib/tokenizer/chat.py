@@ -13,7 +13,8 @@ from minimind_lib.tokenizer.special import DEFAULT_SYSTEM_PROMPT, IM_END, IM_STA
 CHAT_ROLES = ("system", "user", "assistant")
 
 
-def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False) -> list[tuple[str, bool]]:
+def chat_parts(messages: Sequence[dict],
+               add_generation_prompt: bool = False) -> list[tuple[str, bool]]:
     """The rendered conversation as ``(text, is_special_marker)`` parts.
 
     >>> chat_parts([{"role": "user", "content": "hi"}], add_generation_prompt=True)[-3:]
@@ -22,7 +23,8 @@ def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False) ->
     if not messages:
         raise ValueError("a conversation needs at least one message")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+        if (not isinstance(m, dict) or m.get("role") not in CHAT_ROLES
+                or not isinstance(m.get("content"), str)):
             raise ValueError(f"messages[{i}] must be {{'role': one of {', '.join(CHAT_ROLES)}, "
                              f"'content': str}}, got {m!r}")
     turns = [(m["role"], m["content"]) for m in messages]
@@ -40,7 +42,8 @@ def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False) ->
 def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
     """Render ``messages`` in MiniMind2's ChatML (default system message when none).
 
-    >>> print(apply_chat_template([{"role": "user", "content": "你好"}], add_generation_prompt=True))
+    >>> print(apply_chat_template([{"role": "user", "content": "你好"}],
+    ...                           add_generation_prompt=True))
     <|im_start|>system
     You are a helpful assistant<|im_end|>
     <|im_start|>user

@@ -143,7 +143,8 @@ def _initial_symbols(vocab_size: int, special_tokens: Sequence[str]) -> list[str
     if vocab_size < len(symbols):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: a byte-level BPE needs the 256 byte "
-            f"symbols plus {len(symbols) - 256} special token(s), i.e. vocab_size >= {len(symbols)}")
+            f"symbols plus {len(symbols) - 256} special token(s), "
+            f"i.e. vocab_size >= {len(symbols)}")
     return symbols
 
 
@@ -164,7 +165,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[st
     id_to_token = _initial_symbols(vocab_size, special_tokens)
     word_counts = count_words(texts)
     if not word_counts:
-        raise ValueError("the training corpus is empty: train_bpe needs at least one non-empty text")
+        raise ValueError("the training corpus is empty: train_bpe needs at least one "
+                         "non-empty text")
     merges = learn_merges(word_counts, id_to_token, vocab_size, min_frequency, show_progress)
     # subtle: HF keeps merges in a map pair -> rank, so a pair merged twice keeps its last rank
     ranks = {(a, b): rank for rank, (a, b, _) in enumerate(merges)}
@@ -190,7 +192,8 @@ def train_bpe_fast(texts: Iterable[str], vocab_size: int,
     _initial_symbols(vocab_size, special_tokens)  # same argument checks as train_bpe
     texts = list(texts)
     if not any(texts):
-        raise ValueError("the training corpus is empty: train_bpe_fast needs at least one non-empty text")
+        raise ValueError("the training corpus is empty: train_bpe_fast needs at least one "
+                         "non-empty text")
     hf = Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()

@@ -31,7 +31,8 @@ def init_distributed() -> DistInfo:
     NCCL on CUDA, gloo on CPU. Without torchrun (or with one process) nothing happens.
     """
     if dist.is_available() and dist.is_initialized():
-        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+        return DistInfo(dist.get_rank(), dist.get_world_size(),
+                        int(os.environ.get("LOCAL_RANK", 0)))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistInfo()

@@ -214,7 +214,8 @@ class DPODataset(Dataset):
         """Attach reference log-probs (N, 2) (``pair_logprobs(reference, self)``): batches then
         carry them and the reference model is not needed during training."""
         if ref_logps.shape != (len(self), 2):
-            raise ValueError(f"ref_logps must have shape ({len(self)}, 2), got {tuple(ref_logps.shape)}")
+            raise ValueError(f"ref_logps must have shape ({len(self)}, 2), "
+                             f"got {tuple(ref_logps.shape)}")
         self.ref_logps = ref_logps.detach().float().cpu()
 
     def __len__(self) -> int:
@@ -229,7 +230,8 @@ class DPODataset(Dataset):
         return item
 
     def collate(self, items: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
-        """``collate_pairs`` with this tokenizer's pad id (``train(..., collate_fn=ds.collate)``)."""
+        """``collate_pairs`` with this tokenizer's pad id
+        (``train(..., collate_fn=ds.collate)``)."""
         return collate_pairs(items, self.pad_id)
 
 
@@ -254,11 +256,14 @@ def reservoir_sample(items: Iterable[T], k: int, seed: int) -> list[T]:
 def collate_pairs(items: Sequence[dict[str, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:
     """Stack B pairs into one batch of 2B rows: the B chosen sequences, then the B rejected.
 
-    Rows are right-padded like SFT batches (``data.pad_sft_batch``: ``pad_id``, labels -100),
-    so one forward pass scores both answers of every pair. ``pad_id`` 0 is ``<|endoftext|>``.
+    Rows are right-padded like SFT batches (``data.conversations.pad_sft_batch``: ``pad_id``,
+    labels -100), so one forward pass scores both answers of every pair. ``pad_id`` 0 is
+    ``<|endoftext|>``.
 
-    >>> item = {"chosen_input_ids": torch.tensor([5, 6, 7]), "chosen_labels": torch.tensor([-100, 6, 7]),
-    ...         "rejected_input_ids": torch.tensor([5, 8]), "rejected_labels": torch.tensor([-100, 8])}
+    >>> item = {"chosen_input_ids": torch.tensor([5, 6, 7]),
+    ...         "chosen_labels": torch.tensor([-100, 6, 7]),
+    ...         "rejected_input_ids": torch.tensor([5, 8]),
+    ...         "rejected_labels": torch.tensor([-100, 8])}
     >>> batch = collate_pairs([item])
     >>> batch["input_ids"].tolist(), batch["labels"].tolist()
     ([[5, 6, 7], [5, 8, 0]], [[-100, 6, 7], [-100, 8, -100]])
@@ -286,7 +291,8 @@ def pair_logprobs(model: nn.Module, dataset: DPODataset, *, batch_size: int = 32
     was_training = model.training
     model.to(device).eval()
     out = []
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=dataset.collate):
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                            collate_fn=dataset.collate):
         with precision.context(device):
             logps = sequence_logprobs(model, batch["input_ids"].to(device),
                                       batch["labels"].to(device), average)  # (2b,)
@@ -349,7 +355,8 @@ def on_policy_pairs(model: nn.Module, tokenizer: BPETokenizer, questions: Sequen
     generated. Returns the dataset and per-task ``PairCounts``.
     """
     if samples < 2:
-        raise ValueError(f"samples must be at least 2 (the greedy answer and one sample), got {samples}")
+        raise ValueError("samples must be at least 2 (the greedy answer and one sample), "
+                         f"got {samples}")
     greedy = sample_answers(model, tokenizer, questions, 1, max_new_tokens=max_new_tokens,
                             temperature=0.0, progress=progress)
     sampled = sample_answers(model, tokenizer, questions, samples - 1,
@@ -400,8 +407,8 @@ def _rejected(group: Sequence[Sample], correct: Sequence[bool], limit: int) -> l
 def pair_table(counts: dict[str, PairCounts]) -> str:
     """``on_policy_pairs``' counts as a markdown table, one row per task, then "all".
 
-    >>> print(pair_table({"t": PairCounts(4, 3, 2, 1, 1, 2, 0)}))
-    | task | questions | greedy right | every sample right (no pair) | pairs | chosen: own answer | chosen: reference |
+    >>> print(pair_table({"t": PairCounts(4, 3, 2, 1, 1, 2, 0)}))  # doctest: +ELLIPSIS
+    | task | questions | greedy right | every sample right (no pair) | pairs | ...
     |---|---:|---:|---:|---:|---:|---:|
     | t | 4 | 2 | 1 | 3 | 2 | 1 |
     """
@@ -415,7 +422,8 @@ def pair_table(counts: dict[str, PairCounts]) -> str:
 
 @dataclass
 class DPOLoss:
-    """``loss_fn`` for ``minimind_lib.training.loop.train``: the DPO loss of a ``collate_pairs`` batch.
+    """``loss_fn`` for ``minimind_lib.training.loop.train``: the DPO loss of a ``collate_pairs``
+    batch.
 
     The reference log-probs come from the batch (``"ref_logps"``, precomputed) or, when absent,
     from ``reference`` run under ``torch.no_grad``. Metrics logged per optimizer step:
@@ -514,7 +522,8 @@ def held_out_pairs(tokenizer: BPETokenizer, seq_len: int,
 @dataclass
 class PreferenceEval:
     """Held-out preference accuracy of the SFT model (log-prob) and the DPO model (log-prob and
-    implicit reward), and both models' exact-match / format rate (``evaluate.ModelEval``)."""
+    implicit reward), and both models' exact-match / format rate
+    (``evaluation.model_eval.ModelEval``)."""
 
     sft: dict[str, PreferenceScores]
     dpo: dict[str, PreferenceScores]

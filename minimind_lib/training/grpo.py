@@ -98,7 +98,8 @@ class GRPOSettings(TrainSettings):
     length_norm: str = "sequence"  # "sequence": GRPO's 1/|o_i|; "constant": Dr. GRPO
     policy_epochs: int = 1  # optimizer steps per sampled batch (mu)
     skip_flat_groups: bool = True  # update only on groups whose rewards differ (see _step)
-    tasks: str = "larger_number,arithmetic,first_word"  # task or family names (rollout.select_tasks)
+    # task or family names (rollout.select_tasks)
+    tasks: str = "larger_number,arithmetic,first_word"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -107,12 +108,14 @@ class GRPOSettings(TrainSettings):
         if self.group_size < 2:
             raise ValueError(f"{name}.group_size must be at least 2 (a group is its own "
                              f"baseline), got {self.group_size}")
-        if self.temperature <= 0 or self.clip_eps <= 0 or self.kl_beta < 0 or self.format_reward < 0:
+        if (self.temperature <= 0 or self.clip_eps <= 0 or self.kl_beta < 0
+                or self.format_reward < 0):
             raise ValueError(f"{name}: temperature and clip_eps must be positive, kl_beta and "
                              f"format_reward >= 0 (got {self.temperature}, {self.clip_eps}, "
                              f"{self.kl_beta}, {self.format_reward})")
         if self.reward not in REWARDS:
-            raise ValueError(f"{name}.reward is {self.reward!r}; choose one of {', '.join(REWARDS)}")
+            raise ValueError(f"{name}.reward is {self.reward!r}; choose one of "
+                             f"{', '.join(REWARDS)}")
         if self.length_norm not in LENGTH_NORMS:
             raise ValueError(f"{name}.length_norm is {self.length_norm!r}; choose one of "
                              f"{', '.join(LENGTH_NORMS)}")
@@ -177,7 +180,8 @@ def aggregate(per_token: Tensor, mask: Tensor, length_norm: str = "sequence",
     ``"constant"`` (Dr. GRPO): sum over each answer's tokens divided by ``max_new_tokens``
     (the same for every answer), then the mean over answers.
 
-    >>> x, m = torch.tensor([[1.0, 1.0, 0.0], [4.0, 0.0, 0.0]]), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    >>> x = torch.tensor([[1.0, 1.0, 0.0], [4.0, 0.0, 0.0]])
+    >>> m = torch.tensor([[1, 1, 0], [1, 0, 0]])
     >>> aggregate(x, m), aggregate(x, m, "constant", max_new_tokens=4)
     (tensor(2.5000), tensor(0.7500))
     """
@@ -216,7 +220,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
 
 @dataclass
 class GRPOLoss:
-    """``loss_fn`` for ``train.train_step``: ``grpo_loss`` of a ``rollout_batches`` batch.
+    """``loss_fn`` for ``training.loop.train_step``: ``grpo_loss`` of a ``rollout_batches`` batch.
 
     The batch carries ``input_ids`` / ``labels`` (answer tokens labelled), ``advantages`` (B,),
     ``ref_logps`` (B, T-1) and, after the first optimizer step on a sampled batch,

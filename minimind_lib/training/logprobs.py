@@ -19,9 +19,9 @@ def answer_logprobs(logits: Tensor, labels: Tensor, average: bool = False) -> Te
     """Per-row log-probability of the supervised tokens, from logits (B, T, V) and labels (B, T).
 
     ``labels`` are aligned with the inputs, -100 where a token is not scored (prompt, padding):
-    position t's logits score token t+1, as in ``minimind_lib.model.decoder.causal_lm_loss``. The sum
-    is ``log pi(y|x) = sum_t log pi(y_t | x, y_<t)``; ``average=True`` divides by the number of
-    answer tokens (see ``sequence_logprobs`` for what that changes). Computed in fp32.
+    position t's logits score token t+1, as in ``minimind_lib.model.decoder.causal_lm_loss``. The
+    sum is ``log pi(y|x) = sum_t log pi(y_t | x, y_<t)``; ``average=True`` divides by the number
+    of answer tokens (see ``sequence_logprobs`` for what that changes). Computed in fp32.
 
     >>> import torch
     >>> logits = torch.zeros(1, 4, 2)                     # uniform over 2 tokens
@@ -32,8 +32,8 @@ def answer_logprobs(logits: Tensor, labels: Tensor, average: bool = False) -> Te
     tensor([-0.6931])
     """
     if labels.shape != logits.shape[:2]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits' (batch, seq_len) "
-                         f"{tuple(logits.shape[:2])}")
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits' "
+                         f"(batch, seq_len) {tuple(logits.shape[:2])}")
     counts = _answer_counts(labels)  # (B,)
     per_token = -F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels[:, 1:],  # (B, T-1)
                                  ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
@@ -96,7 +96,8 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
     >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=8,
     ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
     ...     max_position_embeddings=8))
-    >>> logps = token_logprobs(model, torch.tensor([[3, 4, 5, 6]]), torch.tensor([[-100, -100, 5, 6]]))
+    >>> logps = token_logprobs(model, torch.tensor([[3, 4, 5, 6]]),
+    ...                        torch.tensor([[-100, -100, 5, 6]]))
     >>> logps.shape, logps[0, 0].item(), bool((logps[0, 1:] < 0).all())
     (torch.Size([1, 3]), 0.0, True)
     """

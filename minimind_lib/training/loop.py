@@ -145,7 +145,8 @@ class StepBatchSampler:
             if e != epoch:
                 epoch, perm = e, self.permutation(e)
             for m in range(self.accumulation_steps):  # rank r owns micro-batches r*A .. r*A+A-1
-                start = k * self.global_batch + (self.rank * self.accumulation_steps + m) * self.batch_size
+                start = (k * self.global_batch
+                         + (self.rank * self.accumulation_steps + m) * self.batch_size)
                 yield perm[start:start + self.batch_size].tolist()
 
     def __len__(self) -> int:
@@ -155,7 +156,8 @@ class StepBatchSampler:
 # --- pieces of the loop ------------------------------------------------------------------
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, config: TrainConfig,
+                   device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices (>= 2-D) only, not on norms and biases."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
@@ -165,7 +167,8 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+            for k, v in batch.items()}
 
 
 @torch.no_grad()
@@ -287,7 +290,8 @@ def start_run(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
 
 
 def _resume(run: TrainRun, out_dir: Path) -> dict | None:
-    """Load the latest checkpoint of ``out_dir`` into ``run``; its RNG state (None: no checkpoint)."""
+    """Load the latest checkpoint of ``out_dir`` into ``run``; its RNG state (None: no
+    checkpoint)."""
     ckpt = latest_checkpoint(out_dir)
     if ckpt is None:
         if run.info.is_main:

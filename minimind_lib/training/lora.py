@@ -384,7 +384,8 @@ def load_adapter(model: nn.Module, directory: str | Path) -> list[str]:
     with torch.no_grad():
         for name, layer in lora_layers(model).items():
             for part in ("A", "B"):
-                key, param = f"{PEFT_PREFIX}{name}.lora_{part}.weight", getattr(layer, f"lora_{part}")
+                key, param = (f"{PEFT_PREFIX}{name}.lora_{part}.weight",
+                              getattr(layer, f"lora_{part}"))
                 if tensors[key].shape != param.shape:
                     merge_lora(model)
                     raise ValueError(f"{path}: {key} has shape {tuple(tensors[key].shape)}, the "

@@ -9,14 +9,15 @@ from answers someone else wrote. Both need the same two pieces:
 2. **rollouts**: ``k`` answers per question sampled from the current model through the chat
    template (``sample_answers``), each kept as the exact token ids the model produced
    (training scores those tokens, not a re-tokenisation of the text), and graded with the
-   checkers the evaluation uses (``is_correct``: ``evaluate.exact_match`` and a well-formed
-   end, ``Answer.follows_format``; ``verifiable_reward`` adds an optional format bonus).
+   checkers the evaluation uses (``is_correct``: ``evaluation.questions.exact_match`` and a
+   well-formed end, ``Answer.follows_format``; ``verifiable_reward`` adds an optional format bonus).
 
 ``model.generate`` has no padding mask, so every batch holds prompts of one token length:
-the ``k`` copies of a prompt, and other prompts of that length (as ``evaluate.generate_answers``
-batches them).
+the ``k`` copies of a prompt, and other prompts of that length (as
+``evaluation.questions.generate_answers`` batches them).
 
->>> q = Question([{"role": "user", "content": "3 + 5 等于多少？"}], "3 + 5 = 8", "arithmetic", "skill")
+>>> q = Question([{"role": "user", "content": "3 + 5 等于多少？"}], "3 + 5 = 8",
+...              "arithmetic", "skill")
 >>> verifiable_reward(Answer("3 + 5 = 8", ended=True), q.answer, format_weight=0.1)
 1.1
 >>> verifiable_reward(Answer("3 + 5 = 9", ended=True), q.answer, format_weight=0.1)
@@ -67,7 +68,8 @@ def verifiable_questions(records: Iterable[dict], tasks: str | None = None) -> l
     task is in ``select_tasks(tasks)`` (None: every task). Records without a task (e.g.
     MiniMind's own SFT data) cannot be checked and are left out.
 
-    >>> chat = [{"role": "user", "content": "7 和 3 哪个大？"}, {"role": "assistant", "content": "7"}]
+    >>> chat = [{"role": "user", "content": "7 和 3 哪个大？"},
+    ...         {"role": "assistant", "content": "7"}]
     >>> qs = verifiable_questions([{"conversations": chat, "task": "larger_number",
     ...                             "family": "skill"}, {"conversations": chat}])
     >>> [(q.task, q.answer, len(q.messages)) for q in qs]
@@ -113,7 +115,7 @@ def select_tasks(spec: str, known: dict[str, str]) -> set[str]:
 class Sample:
     """One sampled answer: the prompt's ids, the ``response`` ids exactly as generated (up to
     and including the first ``<|im_end|>`` or ``<|endoftext|>``, else all ``max_new_tokens``)
-    and the decoded ``answer`` (``evaluate.Answer``: the text before the stop token)."""
+    and the decoded ``answer`` (``evaluation.questions.Answer``: the text before the stop token)."""
 
     prompt: list[int]
     response: list[int]
@@ -121,7 +123,7 @@ class Sample:
 
     def labels(self) -> list[int]:
         """SFT-style labels of ``prompt + response``: -100 on the prompt, the response ids on
-        the response (what ``dpo.sequence_logprobs`` scores).
+        the response (what ``training.logprobs.sequence_logprobs`` scores).
 
         >>> Sample([5, 6], [7, 2], Answer("x", True)).labels()
         [-100, -100, 7, 2]
@@ -131,7 +133,8 @@ class Sample:
 
 def reply(tokenizer: BPETokenizer, response: Sequence[int]) -> tuple[list[int], Answer]:
     """Cut generated ids at the first stop token (kept) and decode the reply before it; the
-    reply has ended when that token is ``<|im_end|>`` (as in ``evaluate.generate_answers``).
+    reply has ended when that token is ``<|im_end|>`` (as in
+    ``evaluation.questions.generate_answers``).
 
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer
     >>> tok = load_tokenizer()
@@ -203,8 +206,9 @@ def _generate(model: nn.Module, tokenizer: BPETokenizer, rows: torch.Tensor, max
 
 
 def is_correct(answer: Answer, reference_answer: str) -> bool:
-    """Right: the reply equals the reference (``evaluate.exact_match``) and is a finished,
-    well-formed reply (``Answer.follows_format``: closed by ``<|im_end|>``, no stray marker)."""
+    """Right: the reply equals the reference (``evaluation.questions.exact_match``) and is a
+    finished, well-formed reply (``Answer.follows_format``: closed by ``<|im_end|>``, no stray
+    marker)."""
     return answer.follows_format and exact_match(answer.text, reference_answer)
 
 
@@ -217,8 +221,8 @@ def verifiable_reward(answer: Answer, reference_answer: str, format_weight: floa
     follows the format (a small bonus for a finished reply, right or wrong).
 
     ``kind="exact"``: 1 when ``is_correct``, else 0 (the evaluation's exact-match).
-    ``kind="char_f1"``: partial credit, ``evaluate.char_f1`` of reply and reference (1 for
-    the exact answer): a denser signal for a model that is almost never exactly right.
+    ``kind="char_f1"``: partial credit, ``evaluation.questions.char_f1`` of reply and reference (1
+    for the exact answer): a denser signal for a model that is almost never exactly right.
 
     >>> round(verifiable_reward(Answer("3 + 5 = 9", ended=True), "3 + 5 = 8", kind="char_f1"), 6)
     0.8

@@ -53,8 +53,9 @@ class TrainSettings:
     """The hyper-parameters of one training run: the one place each is defined.
 
     A profile holds one per stage (``profile.pretrain``, ``profile.sft``; DPO's adds ``beta``:
-    ``minimind_lib.training.dpo.DPOSettings``); ``TrainConfig`` adds how and where to run. An optimizer
-    step sees ``batch_size * accumulation_steps`` sequences of ``seq_len`` tokens per process.
+    ``minimind_lib.training.dpo.DPOSettings``); ``TrainConfig`` adds how and where to run. An
+    optimizer step sees ``batch_size * accumulation_steps`` sequences of ``seq_len`` tokens per
+    process.
     The budget is ``max_steps`` optimizer steps, or ``epochs`` passes over the data (then
     ``max_steps``, when also set, caps it): ``planned_steps`` resolves it once the data's size
     is known, so a profile's budget fits whatever data is present. ``max_examples`` caps how
@@ -98,7 +99,8 @@ class TrainSettings:
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"{name}.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.max_examples is not None and self.max_examples <= 0:
-            raise ValueError(f"{name}.max_examples must be positive or None, got {self.max_examples}")
+            raise ValueError(f"{name}.max_examples must be positive or None, "
+                             f"got {self.max_examples}")
         object.__setattr__(self, "betas", tuple(self.betas))
 
     @property

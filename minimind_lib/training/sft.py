@@ -1,8 +1,8 @@
 """Supervised fine-tuning: a pretrained model learns to answer in ChatML (notebook 05).
 
 SFT is pretraining's loop (``minimind_lib.training.loop.train``) on other data: conversations
-rendered with the chat template, labelled by ``minimind_lib.data.conversations.sft_example`` so that the
-cross-entropy averages over the assistant's reply tokens ``S`` only,
+rendered with the chat template, labelled by ``minimind_lib.data.conversations.sft_example`` so
+that the cross-entropy averages over the assistant's reply tokens ``S`` only,
 
     L_SFT = -(1 / |S|) * sum_{t in S} log p(x_t | x_<t),
 
@@ -13,8 +13,9 @@ a target. ``answer_only=False`` trains on every token instead: the notebook's ab
 The ``sft`` stage (``minimind_lib.course.stages``; ``python -m minimind_lib sft --profile P``)
 fine-tunes the ``pretrain`` stage's model with ``profile.sft`` on ``dataset_files("sft")``
 (MiniMind's ``sft_mini_512.jsonl`` when ``$MINIMIND_DATA_DIR`` is set), validating on the
-held-out questions, and evaluates the model before and after (``evaluate.evaluate_model``)
-into ``eval.json``; ``python scripts/sft_ablation.py --profile P`` adds the all-tokens arm.
+held-out questions, and evaluates the model before and after
+(``evaluation.model_eval.evaluate_model``) into ``eval.json``; ``python scripts/sft_ablation.py
+--profile P`` adds the all-tokens arm.
 
 >>> from minimind_lib.data.conversations import sft_example
 >>> from minimind_lib.model.decoder import IGNORE_INDEX

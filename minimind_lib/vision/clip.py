@@ -143,7 +143,8 @@ def to_pixels(images: np.ndarray | Tensor) -> Tensor:
 
     >>> to_pixels(np.full((2, 2, 3), 255, dtype=np.uint8)).shape
     torch.Size([1, 3, 2, 2])
-    >>> to_pixels(np.array([[[240, 240, 240], [220, 40, 40]]], dtype=np.uint8))[0, :, 0].round(decimals=1)
+    >>> pixels = to_pixels(np.array([[[240, 240, 240], [220, 40, 40]]], dtype=np.uint8))
+    >>> pixels[0, :, 0].round(decimals=1)
     tensor([[ 0.2000, -0.5000],
             [ 0.2000, -7.0000],
             [ 0.2000, -6.6000]])
@@ -175,7 +176,7 @@ def patchify(pixels: Tensor, patch_size: int) -> Tensor:
 
 
 class EncoderAttention(Attention):
-    """``model.Attention`` without the causal mask: in a picture no patch comes "before"
+    """``model.attention.Attention`` without the causal mask: in a picture no patch comes "before"
     another, so every patch attends to every patch (ViT; the text side stays causal)."""
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
@@ -328,7 +329,7 @@ def pad_ids(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]
 
 
 class CaptionDataset(torch.utils.data.Dataset):
-    """(picture, caption) pairs for ``train.train``: item ``i`` is training scene ``i``
+    """(picture, caption) pairs for ``training.loop.train``: item ``i`` is training scene ``i``
     (``scenes.training_scene``: a share ``recoloured`` of them in unnamed inks, a share
     ``reshaped`` in unnamed shapes), drawn on demand, captioned in English for even ``i`` and in
     Chinese for odd ``i``. ``collate`` makes a batch dict."""
@@ -360,8 +361,8 @@ class CaptionDataset(torch.utils.data.Dataset):
 
 
 def clip_batch_loss(model: nn.Module, batch: dict) -> tuple[Tensor, dict]:
-    """``train.train``'s ``loss_fn`` for CLIP: the loss, and what to log beside it: the logit
-    scale and the in-batch accuracy (images whose own caption scored highest)."""
+    """``training.loop.train``'s ``loss_fn`` for CLIP: the loss, and what to log beside it: the
+    logit scale and the in-batch accuracy (images whose own caption scored highest)."""
     similarity = model(batch["pixel_values"], batch["input_ids"], batch["lengths"])  # (B, B)
     targets = torch.arange(similarity.shape[0], device=similarity.device)
     accuracy = (similarity.argmax(dim=1) == targets).float().mean()

@@ -117,7 +117,7 @@ def encode_image_chat(tokenizer: BPETokenizer, messages: Sequence[dict], image_t
 # --- the model ----------------------------------------------------------------------------
 
 #: the initial scale of the projector's per-token position vectors. Once the image encoder's own
-#: positions were large enough to be learnt (``vision.ENCODER_POSITION_STD``), the patch states
+#: positions were large enough to be learnt (``vision.clip.ENCODER_POSITION_STD``), the patch states
 #: say where they are, and big vectors here only drown them: on one smoke CLIP, with the picture
 #: token, VQA 80.8% at 0.5 -> 83.8% at 0.02 (colour 84% -> 94%); at 1.0 (before the picture
 #: token) side 99% but colour 43%

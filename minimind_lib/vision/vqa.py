@@ -55,7 +55,7 @@ QUESTIONS_PER_SCENE = len(QUESTION_KINDS) * len(LANGUAGES)
 
 
 class VQADataset(Dataset):
-    """Questions about pictures for ``train.train``: item ``k`` is question ``k % 10`` about
+    """Questions about pictures for ``training.loop.train``: item ``k`` is question ``k % 10`` about
     scene ``k // 10`` (drawn on demand) of ``split``; of the training set
     (``scenes.training_scene``) when ``split`` is "train", with its ``recoloured`` and
     ``reshaped`` shares. A recoloured or reshaped scene has eight questions, not ten: its
@@ -101,7 +101,7 @@ class VQADataset(Dataset):
 
 
 def vqa_loss(model: nn.Module, batch: dict) -> tuple[Tensor, dict]:
-    """``train.train``'s ``loss_fn`` for the VLM: the answer-only cross-entropy."""
+    """``training.loop.train``'s ``loss_fn`` for the VLM: the answer-only cross-entropy."""
     return model.answer_loss(batch["input_ids"], batch["pixel_values"], batch["labels"]), {}
 
 

@@ -15,7 +15,7 @@ VLM was trained to see it. A text-only model, a web link, or a second picture is
 Every error, whatever its cause, has OpenAI's shape
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``:
 
-* 400: a bad request. Sampling settings are checked by ``inference.SamplingParams`` (the one
+* 400: a bad request. Sampling settings are checked by ``inference.chat.SamplingParams`` (the one
   validator, shared with the library and the CLI) and a bad one is named in ``param``; known
   roles (``developer`` is read as ``system``), text that is valid Unicode, a prompt plus new
   tokens within the model's context, a body that is UTF-8 JSON.
@@ -338,8 +338,8 @@ async def list_models(request: Request) -> dict:
 
 
 async def chat_page() -> HTMLResponse:
-    """``GET /``: the chat page, shipped in the package (``minimind_lib/static/chat.html``)."""
-    page = resources.files("minimind_lib") / "static" / "chat.html"
+    """``GET /``: the chat page, shipped in the package (``serve/static/chat.html``)."""
+    page = resources.files("minimind_lib.inference.serve") / "static" / "chat.html"
     return HTMLResponse(page.read_text(encoding="utf-8"))
 
 

@@ -33,7 +33,8 @@ class ImageURL(BaseModel):
 
 
 class ImagePart(BaseModel):
-    """OpenAI's picture part; only ``data:`` URLs are read (``vlm.image_from_data_url``)."""
+    """OpenAI's picture part; only ``data:`` URLs are read
+    (``vision.pictures.image_from_data_url``)."""
 
     type: Literal["image_url"]
     image_url: ImageURL

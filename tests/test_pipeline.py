@@ -104,3 +104,29 @@ def test_cli_has_a_subcommand_per_stage(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert all(name in out for name in stages.STAGES)
+
+
+def test_every_list_of_stages_is_the_registry(tmp_path):
+    """The plan, the settings sections of a profile, ``all``, the fingerprints and the report
+    take their stages from ``stages.STAGES``: a stage's settings are the Profile field it names,
+    and registering one that names no field is refused."""
+    from minimind_lib.course.plan import PLANNED_STAGES
+    from minimind_lib.course.profiles import valid_keys
+    from minimind_lib.course.report import write_report
+
+    names, smoke = list(stages.STAGES), get_profile("smoke")
+    assert list(PLANNED_STAGES) == [n for n in names if n in PLANNED_STAGES] == [
+        "pretrain", "sft", "dpo"]
+    assert [s.name for s in pipeline.stages_in_all()] == [
+        n for n in names if stages.STAGES[n].in_all]
+    keys = valid_keys(smoke)
+    for st in stages.STAGES.values():
+        if st.settings is not None:
+            assert st.settings_in(smoke) is getattr(smoke, st.settings)
+            assert any(k.startswith(f"{st.settings}.") for k in keys), st.name
+    with pytest.raises(ValueError, match="settings 'nope' is not a Profile field"):
+        stages.register("x", settings="nope")(lambda ctx: {})
+    assert "x" not in stages.STAGES
+    report = write_report(tmp_path).read_text()  # nothing ran: a section per stage of `all`
+    titles = [s.title for s in pipeline.stages_in_all() if s.title]
+    assert [line[3:] for line in report.splitlines() if line.startswith("## ")][1:] == titles

@@ -17,5 +17,6 @@
 
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import IGNORE_INDEX, MiniMindForCausalLM
+from minimind_lib.model.positions import alibi_slopes
 
-__all__ = ["IGNORE_INDEX", "MiniMindConfig", "MiniMindForCausalLM"]
+__all__ = ["IGNORE_INDEX", "MiniMindConfig", "MiniMindForCausalLM", "alibi_slopes"]

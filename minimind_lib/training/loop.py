@@ -1,4 +1,4 @@
-"""The training engine: one loop for pretraining, SFT and DPO (built up in notebook 04).
+"""The training engine: one loop for every stage that trains (built up in notebook 04).
 
 ``train`` reads in three parts: ``start_run`` (seed, device, optimizer, scaler, resume, the
 data stream), ``train_step`` (one optimizer step: accumulate -> unscale -> clip -> step ->
@@ -31,7 +31,10 @@ each global batch.
 
 Reuse for other stages: ``dataset`` is any map-style dataset whose ``collate_fn``-made batches
 are dicts of tensors; ``loss_fn(model, batch) -> (loss, {name: value})`` replaces the default
-``model(input_ids, labels=labels).loss`` (DPO plugs in its loss and logs its rewards).
+``model(input_ids, labels=labels).loss`` (DPO plugs in its loss and logs its rewards). A method
+whose step is more than a loss over the next batch plugs in a whole ``Step`` instead: GRPO's
+(``grpo.GRPOStep``) reads questions from the stream, samples and rewards answers, then calls
+``train_step`` on them; ``eval_fn`` replaces the validation loss (GRPO's greedy accuracy).
 
 >>> from minimind_lib.training.settings import lr_at
 >>> lrs = [lr_at(s, max_steps=10, peak_lr=1.0, warmup_steps=2, min_lr_ratio=0.1) for s in range(10)]
@@ -50,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -366,15 +369,24 @@ def train_step(forward: nn.Module, batches: Iterator[dict], optimizer: torch.opt
     return StepResult(values, tokens, finite)
 
 
+class Step(Protocol):
+    """What ``train`` repeats once per optimizer step: ``step(run, step) -> StepResult``, with
+    ``desc`` (the progress bar's name) and ``postfix(row)`` (what the bar shows). ``train`` sets
+    the learning rate before it and does the logging, validation, checkpointing and resuming
+    around it. ``BatchStep`` is the usual one; GRPO's (``grpo.GRPOStep``) samples and rewards
+    answers first, then calls ``train_step`` itself."""
+
+    desc: str
+
+    def __call__(self, run: TrainRun, step: int) -> StepResult: ...
+
+    def postfix(self, row: dict) -> dict[str, str]: ...
+
+
 @dataclass
 class BatchStep:
-    """The engine's usual step: ``train_step`` over the next ``accumulation_steps`` micro-batches
-    of the run's data stream, with ``loss_fn`` (the default loss, SFT's, DPO's, ...).
-
-    A step is any callable ``step_fn(run, step) -> StepResult`` with a ``desc`` (the progress
-    bar's name) and ``postfix(row)`` (what the bar shows): ``train`` sets the learning rate,
-    calls it once per optimizer step, and does the logging, validation, checkpointing and
-    resuming around it. GRPO's step (``grpo.GRPOStep``) samples and rewards answers first."""
+    """The engine's usual ``Step``: ``train_step`` over the next ``accumulation_steps``
+    micro-batches of the run's data stream, with ``loss_fn`` (the default loss, SFT's, DPO's)."""
 
     loss_fn: LossFn
     accumulation_steps: int
@@ -413,7 +425,7 @@ class RunLog:
     and the progress bar (rank 0 only)."""
 
     def __init__(self, config: TrainConfig, run: TrainRun, resume: bool,
-                 callbacks: Sequence[Callable[[dict], None]], step_fn: BatchStep):
+                 callbacks: Sequence[Callable[[dict], None]], step_fn: Step):
         main = run.info.is_main
         out_dir = Path(config.out_dir) if config.out_dir is not None else None
         self.metrics = MetricsLog(out_dir / METRICS_FILE if out_dir and main else None,
@@ -467,12 +479,13 @@ def _check_resumable(saved: dict, current: dict, path: Path) -> None:
 def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
           loss_fn: LossFn | None = None, eval_dataset: Dataset | None = None,
           collate_fn: Callable | None = None, resume: bool = False,
-          callbacks: Sequence[Callable[[dict], None]] = (), step_fn: BatchStep | None = None,
+          callbacks: Sequence[Callable[[dict], None]] = (), step_fn: Step | None = None,
           eval_fn: EvalFn | None = None) -> list[dict]:
     """Train ``model`` on ``dataset``; return this call's metrics rows (one per optimizer step).
 
-    Three parts: ``start_run`` (setup and resume), ``train_step`` per optimizer step, and
-    around it logging, validation and checkpoints. With ``config.out_dir`` set: rows are
+    Three parts: ``start_run`` (setup and resume), one ``Step`` per optimizer step
+    (``train_step`` over the data stream, unless ``step_fn`` says otherwise), and around it
+    logging, validation and checkpoints. With ``config.out_dir`` set: rows are
     appended to ``out_dir/metrics.jsonl`` and checkpoints written to ``out_dir/checkpoints/``;
     ``resume=True`` continues from the latest checkpoint there (or starts fresh when there is
     none). ``callbacks`` get each row as it is logged (e.g. ``plotting.LiveLossPlot``). Under

@@ -6,4 +6,10 @@
 * ``vqa``: question-answer training examples and exact-match scoring;
 * ``pictures``: pictures to and from ``data:`` URLs (what the server receives);
 * ``recipe``: ``VisionSettings`` and the vision stage's training and evaluation.
+
+The contract's name, importable from here: ``clip_loss`` (``== transformers``' ``clip_loss``).
 """
+
+from minimind_lib.vision.clip import clip_loss
+
+__all__ = ["clip_loss"]

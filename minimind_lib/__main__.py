@@ -200,22 +200,25 @@ def check_can_listen(host: str, port: int) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from minimind_lib.inference.serve.app import create_app
-    from minimind_lib.inference.serve.launch import API_KEY_ENV, DEFAULT_PORT
+    from minimind_lib.inference.serve.app import LOOPBACK_HOSTS, check_api_key, create_app
+    from minimind_lib.inference.serve.launch import API_KEY_ENV, DEFAULT_PORT, uvicorn_config
 
     port = args.port or DEFAULT_PORT
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    check_api_key(api_key)  # before the model loads: a key no client can send is refused now
     check_can_listen(args.host, port)
     model, tokenizer = load_chosen_model(args)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+    loopback = args.host in LOOPBACK_HOSTS
+    if not loopback and api_key is None:
         print(f"warning: binding {args.host}: the server is reachable from other machines and "
               f"has no API key (set --api-key or {API_KEY_ENV})", file=sys.stderr)
     print(f"serving on http://{args.host}:{port} (the chat page at /; POST /generate, "
           "POST /v1/chat/completions, GET /v1/models)"
           + (", API key required" if api_key else ""), file=sys.stderr)
     app = create_app(model, tokenizer, model_name=args.name, api_key=api_key,
-                     model_card=model_card(chosen_model_dir(args)))
-    uvicorn.run(app, host=args.host, port=port, log_level="warning")
+                     model_card=model_card(chosen_model_dir(args)),
+                     allowed_hosts=LOOPBACK_HOSTS if loopback and api_key is None else None)
+    uvicorn.Server(uvicorn_config(app, args.host, port)).run()
     return 0
 
 
@@ -322,7 +325,7 @@ def run_runs(args: argparse.Namespace) -> int:
     import shutil
     from pathlib import Path
 
-    from minimind_lib.core.download import human
+    from minimind_lib.core.device import human_bytes
 
     root = Path(args.out) if args.out else chosen_profile(args).runs_dir
     rows = pipeline.list_runs(root)
@@ -333,14 +336,14 @@ def run_runs(args: argparse.Namespace) -> int:
     for r in rows:
         where = "kept " if r["kept"] else ""
         print(f"  {where}{r['name']:<22} {r['status']:<10} run {(r['run_id'] or '-')[:8]:<8} "
-              f"{r['finished_at'] or '':<19}  {human(r['bytes']):>9}")
+              f"{r['finished_at'] or '':<19}  {human_bytes(r['bytes']):>9}")
     kept = [r for r in rows if r["kept"]]
     previous = root / pipeline.PREVIOUS_DIR
     if kept and args.clean:
         shutil.rmtree(previous)
-        print(f"deleted {len(kept)} kept run(s), {human(sum(r['bytes'] for r in kept))}")
+        print(f"deleted {len(kept)} kept run(s), {human_bytes(sum(r['bytes'] for r in kept))}")
     elif kept:
-        print(f"{len(kept)} kept previous run(s) use {human(sum(r['bytes'] for r in kept))}; "
+        print(f"{len(kept)} kept previous run(s) use {human_bytes(sum(r['bytes'] for r in kept))}; "
               f"remove them with `python -m minimind_lib runs --out {root} --clean` "
               f"(or rm -rf {previous})")
     return 0

@@ -80,7 +80,7 @@ def test_a_second_process_waits_and_reuses_the_finished_stage(tmp_path, monkeypa
     monkeypatch.setitem(stages.STAGES, "slow", stages.Stage("slow", lambda ctx: runs.append(1)))
     profile = get_profile("smoke")
     (tmp_path / "slow").mkdir()
-    with open(tmp_path / "slow" / ".lock", "w") as held:  # "another process" runs the stage
+    with open(tmp_path / ".slow.lock", "w") as held:  # "another process" runs the stage
         fcntl.flock(held, fcntl.LOCK_EX)
         waiter = threading.Thread(target=pipeline.ensure, args=("slow", profile),
                                   kwargs={"root": tmp_path})

@@ -13,8 +13,11 @@ leaves either the old file or the new one, never half of one.
 
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +32,74 @@ def fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: the permissions a new file or folder gets from the user's umask (0644 / 0755 usually)
+FILE_MODE, DIR_MODE = 0o666 & ~_umask(), 0o777 & ~_umask()
+#: below this much free space a failed write is taken for a full disk
+_NEARLY_FULL = 1 << 20
+
+
+@contextmanager
+def disk_full_named(path: str | Path) -> Iterator[None]:
+    """Turn a write that failed because the disk is full (``OSError`` 28, or a library's own
+    error, e.g. safetensors' ``SafetensorError ... os error 28`` or ``torch.save``'s
+    ``unexpected pos``, while the disk has next to no space left) into ``OSError(ENOSPC)``
+    naming ``path``.
+
+    >>> import tempfile
+    >>> with disk_full_named(Path(tempfile.mkdtemp()) / "x"):
+    ...     raise OSError(errno.ENOSPC, "No space left on device")
+    Traceback (most recent call last):
+    ...
+    OSError: [Errno 28] No space left on device: '/.../x'
+    """
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or _nearly_full(Path(path)):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
+        raise
+
+
+def _nearly_full(path: Path) -> bool:
+    folder = next((p for p in (path, *path.parents) if p.is_dir()), None)
+    try:
+        return folder is not None and shutil.disk_usage(folder).free < _NEARLY_FULL
+    except OSError:
+        return False
+
+
+def remove_stale_temporaries(path: str | Path) -> None:
+    """Delete the ``<name>.tmp-<pid>`` files or folders a killed process left beside ``path``
+    (its pid no longer runs); a live process's are left alone."""
+    path = Path(path)
+    prefix = f"{path.name}.tmp-"
+    if not path.parent.is_dir():
+        return
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.tmp-*"):
+        pid = stale.name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's process: alive
+        return True
+    return True
 
 
 @contextmanager
@@ -47,13 +118,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        with disk_full_named(path):
+            yield tmp
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)  # as a plain open() would: some writers make 0600 files
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -114,6 +114,22 @@ def pick_precision(
     return FP32
 
 
+#: Seeds are 32-bit: NumPy's generator takes nothing larger
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: object, name: str = "seed") -> None:
+    """Refuse a seed ``seed_everything`` cannot take, naming the setting.
+
+    >>> check_seed(2**32)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed must be an integer in [0, 4294967295], got 4294967296
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_SEED}], got {seed!r}")
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices) so runs repeat exactly on CPU."""
     random.seed(seed)
@@ -147,3 +163,53 @@ def set_rng_state(state: dict) -> None:
                          n["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- memory (checked before anything is allocated) --------------------------------------------
+
+
+class TooLargeError(ValueError):
+    """What a setting or a file asks for does not fit this machine's memory."""
+
+
+def free_memory(device: torch.device | str | None = None) -> int | None:
+    """Bytes that can still be allocated on ``device``: CUDA's free memory, else what the OS
+    reports available (Linux ``MemAvailable``, else the physical memory); None when unknown."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # Windows, or an OS without the names
+        return None
+
+
+def human_bytes(n: float) -> str:
+    """``3.2e9 -> '3.2 GB'``.
+
+    >>> human_bytes(1536), human_bytes(2.7e11), human_bytes(4e21)
+    ('1.5 KB', '270.0 GB', '4.0e+21 bytes')
+    """
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= 1e15:
+            return f"{n:.1e} bytes"
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def check_fits(needed: int, what: str, device: torch.device | str | None = None) -> None:
+    """Refuse ``needed`` bytes for ``what`` (naming the file or setting) when ``device`` has
+    less free, before anything is allocated."""
+    free = free_memory(device)
+    if free is not None and needed > free:
+        where = "this GPU" if torch.device(device or "cpu").type == "cuda" else "this machine"
+        raise TooLargeError(f"{what} needs about {human_bytes(needed)}; {where} has "
+                            f"{human_bytes(free)} free")

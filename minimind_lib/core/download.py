@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minimind_lib import DATA_DIR
+from minimind_lib.core.device import human_bytes
 
 # --- where the data lives -------------------------------------------------------------
 
@@ -70,20 +71,6 @@ def default_dir(artifact: Artifact) -> Path:
 def offline() -> bool:
     """True when ``huggingface_hub`` must not touch the network (``HF_HUB_OFFLINE=1``)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def human(n: int) -> str:
-    """``1536 -> '1.5 KB'``.
-
-    >>> human(1536), human(3 * 10**9)
-    ('1.5 KB', '3.0 GB')
-    """
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} GB"
 
 
 def _hub_cache() -> str | None:
@@ -150,14 +137,14 @@ def download(name: str, to: str | os.PathLike | None = None, *, source: str = "h
     if offline():
         files = cached_files(artifact, repo_id)
         total = sum(p.stat().st_size for p in files.values())
-        say(f"{repo_id}: {len(files)} file(s), {human(total)}, from the local hub cache "
+        say(f"{repo_id}: {len(files)} file(s), {human_bytes(total)}, from the local hub cache "
             f"(HF_HUB_OFFLINE=1) -> {dest}")
         for rel, path in files.items():
             target = dest / rel
             if not (target.is_file() and target.stat().st_size == path.stat().st_size):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, target)  # the cache holds symlinks to blobs: copy data
-            say(f"  {rel} ({human(path.stat().st_size)})")
+            say(f"  {rel} ({human_bytes(path.stat().st_size)})")
         return dest
     return _huggingface(artifact, repo_id, dest, say)
 
@@ -167,10 +154,10 @@ def _huggingface(artifact: Artifact, repo_id: str, dest: Path,
     from huggingface_hub import hf_hub_download
 
     sizes = remote_sizes(artifact, repo_id)
-    say(f"{repo_id}: {len(sizes)} file(s), {human(sum(sizes.values()))} -> {dest} "
+    say(f"{repo_id}: {len(sizes)} file(s), {human_bytes(sum(sizes.values()))} -> {dest} "
         "(resumable: run again to continue an interrupted download)")
     for rel, size in sizes.items():
-        say(f"  {rel} ({human(size)})")
+        say(f"  {rel} ({human_bytes(size)})")
         hf_hub_download(repo_id, rel, repo_type=artifact.repo_type, local_dir=dest)
     return dest
 

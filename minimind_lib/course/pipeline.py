@@ -40,10 +40,15 @@ import torch.distributed as dist
 
 from minimind_lib import DATA_DIR
 from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.checked_files import read_json
+from minimind_lib.core.device import check_fits, pick_device
 from minimind_lib.core.filenames import MARKER_FILE, RUN_CONFIG_FILE, WEIGHTS_FILE
 from minimind_lib.course.profiles import Profile, get_profile
 from minimind_lib.course.stages import STAGES, Stage, StageContext, get_stage, read_marker
+from minimind_lib.model.decoder import model_size
 from minimind_lib.training.distributed import init_distributed
+from minimind_lib.training.memory import CUDA_OVERHEAD_BYTES, training_memory
+from minimind_lib.training.settings import TrainSettings
 
 PREVIOUS_DIR = "previous"  # <root>/previous/<stage>-<run id>/: finished runs moved aside
 HASH_CACHE = ".hashes.json"  # <root>/.hashes.json: content hashes by path, size and mtime
@@ -72,6 +77,32 @@ def check_data(stages: list[str], profile: Profile) -> None:
                 raise FileNotFoundError(f"profile {profile.name}: {e}") from None
 
 
+def check_memory(stages: list[str], profile: Profile, device: str | None = None) -> None:
+    """Refuse, before anything starts, a profile whose training of ``stages`` (and their
+    prerequisites) cannot fit this machine: the model's weights, gradients, AdamW state and
+    one micro-batch's activations (``training.memory.training_memory``), naming the stage and
+    the settings that size it, so an absurd ``--set model.hidden_size=...`` is never
+    allocated."""
+    target = pick_device(device)
+    todo, seen = list(stages), set()
+    while todo:
+        st = get_stage(todo.pop())
+        if st.name in seen:
+            continue
+        seen.add(st.name)
+        todo += st.requires
+        settings = st.settings_in(profile)
+        if not isinstance(settings, TrainSettings):
+            continue
+        needed = training_memory(profile.model, settings.batch_size, settings.seq_len,
+                                 "bf16" if target.type == "cuda" else "fp32",
+                                 overhead=CUDA_OVERHEAD_BYTES if target.type == "cuda" else 0)
+        params = model_size(profile.model)[0]
+        check_fits(needed, f"profile {profile.name}: training {st.name} (a model of "
+                           f"{params:,} parameters, {st.settings}.batch_size "
+                           f"{settings.batch_size} x seq_len {settings.seq_len})", target)
+
+
 # --- fingerprints ---------------------------------------------------------------------------
 
 
@@ -83,8 +114,11 @@ def file_hash(path: Path, cache_root: Path | None = None) -> str:
     cache_file = cache_root / HASH_CACHE if cache_root is not None else None
     cache: dict = {}
     if cache_file is not None and cache_file.is_file():
-        with contextlib.suppress(ValueError):
-            cache = json.loads(cache_file.read_text(encoding="utf-8"))
+        with contextlib.suppress(ValueError):  # a damaged cache is rebuilt, never trusted
+            cache = read_json(cache_file)
+        if not all(isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                   for v in cache.values()):
+            cache = {}
     if cache.get(key, {}).get("stamp") == stamp:
         return cache[key]["sha256"]
     digest = hashlib.sha256()
@@ -152,7 +186,8 @@ def _short(value: object) -> str:
 
 def is_complete(stage: str, profile: Profile, root: Path, init: Path | None = None) -> bool:
     marker = read_marker(root / stage)
-    return marker is not None and marker["fingerprint"] == fingerprint(stage, profile, root, init)
+    return marker is not None and marker.get("fingerprint") == fingerprint(stage, profile, root,
+                                                                           init)
 
 
 # --- ensure -----------------------------------------------------------------------------------
@@ -175,6 +210,8 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
     root = Path(root) if root is not None else profile.runs_dir
     st = get_stage(stage)
+    if _ensured is None:  # the call a user made: check the whole chain once, before any work
+        check_memory([stage], profile, device)
     init = _check_init(st, init)
     ensured = set() if _ensured is None else _ensured  # each prerequisite once per call
     for dep in _needs(st, init):
@@ -191,15 +228,17 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
 
     ctx = StageContext(stage, profile, root, resume, device, precision, progress, list(callbacks),
                        init)
-    if info.is_main and not resume:
-        _keep_previous(ctx.out_dir, root, "forced" if force else None)
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    # one process at a time per stage folder (a notebook and a test may share runs/<profile>);
-    # under torchrun the ranks run the stage together, so there is nothing to lock
-    lock = _stage_lock(ctx.out_dir) if info.world_size == 1 else contextlib.nullcontext(False)
+    # one process at a time per stage (a notebook and a test may share runs/<profile>); the lock
+    # file sits beside the stage folder, so moving the folder aside never moves the lock.
+    # Under torchrun the ranks run the stage together, so there is nothing to lock
+    lock = (_stage_lock(root / f".{stage}.lock") if info.world_size == 1
+            else contextlib.nullcontext(False))
     with lock as waited:
         if waited and not force and is_complete(stage, profile, root, init):
             return ctx.out_dir  # another process finished it while we waited
+        if info.is_main and not resume:  # under the lock: a run finished meanwhile is kept too
+            _keep_previous(ctx.out_dir, root, "forced" if force else None)
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
         if info.is_main:
             print(f"[pipeline] stage {stage!r} (profile {profile.name}) -> {ctx.out_dir}")
             (ctx.out_dir / MARKER_FILE).unlink(missing_ok=True)
@@ -237,7 +276,7 @@ def _decide(stage: str, profile: Profile, root: Path, init: Path | None = None) 
     if marker is None:
         return "run"
     current = fingerprint(stage, profile, root, init)
-    changes = differences(marker["fingerprint"], current)
+    changes = differences(marker.get("fingerprint") or {}, current)
     if not changes:
         print(f"[pipeline] reusing {stage!r}: run {marker['run_id'][:8]}, finished "
               f"{marker.get('finished_at', '?')} ({marker['seconds'] / 60:.1f} min) in "
@@ -253,7 +292,7 @@ def _keep_previous(stage_dir: Path, root: Path, reason: str | None) -> None:
     marker = read_marker(stage_dir)
     if marker is None:
         return
-    target = root / PREVIOUS_DIR / f"{stage_dir.name}-{marker['run_id'][:8]}"
+    target = root / PREVIOUS_DIR / f"{stage_dir.name}-{str(marker.get('run_id', 'unknown'))[:8]}"
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
         shutil.rmtree(target)  # the same run kept twice: the copy there is identical
@@ -276,19 +315,21 @@ def _write_run_config(ctx: StageContext) -> None:
 
 
 @contextlib.contextmanager
-def _stage_lock(stage_dir: Path) -> Iterator[bool]:
-    """Hold an exclusive lock on ``stage_dir/.lock``; yield whether we had to wait for it."""
+def _stage_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on the file ``path``; yield whether we had to wait for it."""
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks; run one process at a time there
         yield False
         return
-    with open(stage_dir / ".lock", "w") as f:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             waited = False
         except BlockingIOError:
-            print(f"[pipeline] waiting for another process running {stage_dir} ...")
+            print(f"[pipeline] waiting for another process running {path.name[1:-5]!r} "
+                  f"({path.parent}) ...")
             fcntl.flock(f, fcntl.LOCK_EX)
             waited = True
         try:

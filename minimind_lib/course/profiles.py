@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -41,6 +40,8 @@ from typing import Union, get_args, get_origin, get_type_hints
 import torch
 
 from minimind_lib import REPO_ROOT
+from minimind_lib.core.checked_files import read_toml
+from minimind_lib.core.device import check_seed
 from minimind_lib.core.download import DOWNLOAD_DIR
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.training.dpo import DPOSettings
@@ -50,12 +51,9 @@ from minimind_lib.training.settings import RunOptions, TrainSettings
 from minimind_lib.vision.clip import CLIPConfig
 from minimind_lib.vision.recipe import VisionSettings, vision_training
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "auto")
+#: held-out questions a task: far more than any bundled task has (each has at most a few hundred)
+MAX_EVAL_PER_TASK = 10**6
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
 
@@ -86,6 +84,12 @@ class Profile:
     train: RunOptions = field(default_factory=RunOptions)
     needs_minimind_data: bool = False
     overrides: tuple[str, ...] = ()  # the --set / --config values applied (``override``)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, f"profile {self.name}: seed")
+        if not 1 <= self.eval_per_task <= MAX_EVAL_PER_TASK:
+            raise ValueError(f"profile {self.name}: eval_per_task must be in [1, "
+                             f"{MAX_EVAL_PER_TASK:,}], got {self.eval_per_task}")
 
     @property
     def runs_dir(self) -> Path:
@@ -427,10 +431,7 @@ def load_config(path: str | os.PathLike) -> dict[str, object]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such config file")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    data = read_toml(path)
     flat: dict[str, object] = {}
     for key, value in data.items():
         if isinstance(value, dict):  # [vision.clip] stays a table: override expands it

@@ -11,7 +11,6 @@ A stage that has not run yet gets a line saying so.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -21,6 +20,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import (
     EVAL_FILE,
     FIGURES_DIR,
@@ -87,7 +87,7 @@ def _stage_table(root: Path) -> tuple[str, float]:
 def _dpo_tables(root: Path) -> list[str]:
     """The DPO stage's on-policy pair counts (when it sampled its pairs) and held-out
     preference accuracy, as report lines."""
-    saved = json.loads((root / "dpo" / EVAL_FILE).read_text(encoding="utf-8"))
+    saved = read_json(root / "dpo" / EVAL_FILE)
     out = []
     if saved.get("pair_counts"):
         counts = {task: PairCounts(**c) for task, c in saved["pair_counts"].items()}
@@ -152,7 +152,8 @@ def write_report(root: str | os.PathLike, profile_name: str | None = None,
     root = Path(root)
     stages, stage_seconds = _stage_table(root)
     markers = [m for st in STAGES if (m := read_marker(root / st)) is not None]
-    name = profile_name or (markers[0]["fingerprint"]["profile"] if markers else root.name)
+    recorded = (markers[0].get("fingerprint") or {}).get("profile") if markers else None
+    name = profile_name or recorded or root.name
     out = [f"# MiniMind run report: profile `{name}`", "",
            f"Written {time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'this machine'} "
            f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "

@@ -14,6 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import EVAL_FILE, MARKER_FILE, METRICS_FILE
 from minimind_lib.course.profiles import Profile
 from minimind_lib.data.hanzi_codes import task_records
@@ -56,11 +57,11 @@ def stored_eval(model_dir: str | Path, per_task: int) -> ModelEval | None:
     path = Path(model_dir) / EVAL_FILE
     if not path.is_file():
         return None
-    stored = json.loads(path.read_text(encoding="utf-8"))
+    stored = read_json(path)
     models = stored.get("models", {})
     marker = Path(model_dir) / MARKER_FILE
     if marker.is_file():
-        name = json.loads(marker.read_text(encoding="utf-8")).get("stage")
+        name = read_json(marker).get("stage")
     else:
         name = next(iter(models)) if len(models) == 1 else None
     if stored.get("per_task") != per_task or name not in models:

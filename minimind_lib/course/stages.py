@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from minimind_lib.core.atomic import atomic_write_text, read_json_lines
+from minimind_lib.core.checked_files import FileProblem, read_json
 from minimind_lib.core.device import pick_device, pick_precision, seed_everything
 from minimind_lib.core.filenames import (
     ADAPTER_CONFIG_FILE,
@@ -210,9 +211,16 @@ def get_stage(name: str) -> Stage:
 
 
 def read_marker(stage_dir: Path) -> dict | None:
-    """The ``stage.json`` of a finished stage, or None."""
+    """The ``stage.json`` of a finished stage, or None. A damaged one (cut short by a full disk,
+    edited) is an error naming it and saying how to go on."""
     path = Path(stage_dir) / MARKER_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path)
+    except FileProblem as e:
+        raise FileProblem(f"{e}; the stage's record is damaged: move or delete {stage_dir} "
+                          "and run the stage again") from None
 
 
 # --- the stages, in order ------------------------------------------------------------------
@@ -244,7 +252,7 @@ def pretrain_stage(ctx: StageContext) -> dict:
                         data_dir, max_examples=settings.max_examples, progress=ctx.progress)
     if info.world_size > 1:
         dist.barrier()
-    meta = json.loads((data_dir / PRETOKENIZED_META).read_text())
+    meta = read_json(data_dir / PRETOKENIZED_META)
     if meta["vocab_size"] > ctx.profile.model.vocab_size:
         raise ValueError(f"the tokenizer has {meta['vocab_size']} tokens but the profile's model "
                          f"vocab_size is {ctx.profile.model.vocab_size}")

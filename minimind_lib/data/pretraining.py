@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import PRETOKENIZED_META
 from minimind_lib.data.readers import read_jsonl
 from minimind_lib.tokenizer.bpe import BPETokenizer
@@ -30,6 +31,15 @@ SPLITS = ("train", "val")
 def _file_fingerprint(path: Path) -> dict:
     stat = path.stat()
     return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _previous_sources(meta_path: Path) -> dict | None:
+    """What an earlier ``tokenize_corpus`` into this folder read (None: a damaged meta.json,
+    which the next tokenisation replaces)."""
+    try:
+        return read_json(meta_path).get("sources")
+    except ValueError:
+        return None
 
 
 def tokenize_corpus(
@@ -71,7 +81,7 @@ def tokenize_corpus(
                "tokenizer": _file_fingerprint(Path(tokenizer_path)),
                "max_examples": max_examples, "val_fraction": val_fraction, "eos_id": eos_id}
     meta_path = out_dir / PRETOKENIZED_META
-    if meta_path.is_file() and json.loads(meta_path.read_text())["sources"] == sources:
+    if meta_path.is_file() and _previous_sources(meta_path) == sources:
         return out_dir
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -5,13 +5,13 @@ table the report prints.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from torch import nn
 
+from minimind_lib.core.checked_files import FileProblem, read_json
 from minimind_lib.core.filenames import EVAL_FILE
 from minimind_lib.evaluation.perplexity import bits_per_byte, perplexity
 from minimind_lib.evaluation.questions import (
@@ -68,8 +68,11 @@ def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
     path = Path(stage_dir) / EVAL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (has the stage run?)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return {name: ModelEval.from_dict(d) for name, d in data["models"].items()}
+    data = read_json(path)
+    try:
+        return {name: ModelEval.from_dict(d) for name, d in data["models"].items()}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise FileProblem(f"{path}: not a stage's eval.json ({type(e).__name__}: {e})") from None
 
 
 def eval_report(evals: Mapping[str, ModelEval]) -> str:

@@ -30,6 +30,7 @@ from typing import TextIO
 import torch
 from torch import nn
 
+from minimind_lib.core.device import MAX_SEED
 from minimind_lib.model.sampling import sampling_problem
 from minimind_lib.tokenizer.bpe import BPETokenizer, text_problem
 from minimind_lib.tokenizer.chat import encode_chat
@@ -38,7 +39,6 @@ from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
 STOP_TOKENS = (IM_END, END_OF_TEXT)  # a chat reply ends at either
 #: Seeds go to a ``torch.Generator``; the CPU one (a 32-bit Mersenne Twister) keeps only the low
 #: 32 bits, so 5 and 2**32 + 5 would give the same answer. Larger seeds are refused instead.
-MAX_SEED = 2**32 - 1
 
 
 class SamplingError(ValueError):

@@ -38,7 +38,13 @@ import torch
 from torch import Tensor
 
 from minimind_lib.core.atomic import atomic_path
-from minimind_lib.core.filenames import QUANT_FILE
+from minimind_lib.core.filenames import (
+    CONFIG_FILE,
+    QUANT_FILE,
+    TOKENIZER_FILES,
+    VISION_FILE,
+    WEIGHTS_FILE,
+)
 from minimind_lib.inference.loading import find_tokenizer
 from minimind_lib.model.checkpoint import load_model, read_config
 from minimind_lib.model.config import MiniMindConfig
@@ -303,12 +309,51 @@ def load_gguf(path: str | os.PathLike) -> tuple[MiniMindForCausalLM, BPETokenize
 # --- the command -------------------------------------------------------------------------
 
 
+#: what a Hugging Face export folder holds: a folder of only these may be exported over
+HF_EXPORT_FILES = {CONFIG_FILE, WEIGHTS_FILE, "generation_config.json", *TOKENIZER_FILES}
+GGUF_MAGIC = b"GGUF"
+
+
+def check_export_target(model_dir: Path, out: Path, format: str) -> None:
+    """Refuse an ``--out`` whose writing would destroy something: the model folder itself, a
+    place inside it, a folder that holds it, a folder of other files, a file that is not an
+    earlier GGUF export. (The export itself then goes through a temporary name and a rename.)"""
+    model, target = model_dir.resolve(), out.resolve()
+    if format == "gguf" and target.is_dir():
+        raise ValueError(f"{out} is a folder; --out names the .gguf file to write")
+    if format == "hf" and target.exists() and not target.is_dir():
+        raise ValueError(f"{out} is a file; --out names the folder to write")
+    if target == model or model in target.parents:
+        raise ValueError(f"--out {out} is {'the' if target == model else 'inside the'} model "
+                         f"folder {model_dir}: exporting there would replace or mix with the "
+                         "model it reads; choose a place outside it")
+    if target in model.parents:
+        raise ValueError(f"--out {out} holds the model folder {model_dir}: replacing it would "
+                         "delete the model; choose a new folder")
+    if format == "gguf":
+        if target.exists() and not _is_gguf(target):
+            raise ValueError(f"{out} exists and is not a GGUF file: it is not overwritten; "
+                             "choose another --out")
+        return
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir()
+                    if p.is_dir() or p.name not in HF_EXPORT_FILES) if target.is_dir() else []
+    if others:
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise ValueError(f"--out {out} holds other files ({shown}): an export writes into a new "
+                         "or empty folder, or over an earlier export; choose another --out")
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
 def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str,
            dtype: str | None = None, name: str | None = None) -> Path:
     """``python -m minimind_lib export``: the model folder ``model_dir`` (a stage folder) as a
     GGUF file (``dtype`` f32 / f16 / q8_0, default f16) or a Hugging Face folder
     (``hf.save_pretrained``, fp32, with the tokenizer and its chat template)."""
-    model_dir = Path(model_dir)
+    model_dir, out = Path(model_dir), Path(out)
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if format == "hf" and dtype is not None:
@@ -316,8 +361,11 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str,
     if (model_dir / QUANT_FILE).is_file():
         raise ValueError(f"{model_dir / QUANT_FILE}: an int8 folder; export the fp32 model it "
                          "came from (e.g. the dpo stage) instead, with --dtype q8_0 for 8 bits")
-    if format == "gguf" and Path(out).is_dir():
-        raise ValueError(f"{out} is a folder; --out names the .gguf file to write")
+    if (model_dir / VISION_FILE).is_file():
+        raise ValueError(f"{model_dir}: a vision-language model folder; GGUF and Hugging Face "
+                         "exports hold the language model only, so its image encoder and "
+                         f"projector ({VISION_FILE}) would be lost: not exported")
+    check_export_target(model_dir, out, format)
     check_gguf_exportable(read_config(model_dir), str(model_dir))
     model, tokenizer = load_model(model_dir), find_tokenizer(model_dir)
     if format == "gguf":

@@ -41,7 +41,9 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from minimind_lib.core.atomic import atomic_path, atomic_write_text, fsync_dir
+from minimind_lib.core.atomic import atomic_path, atomic_write_text, disk_full_named, fsync_dir
+from minimind_lib.core.checked_files import read_json
+from minimind_lib.core.device import check_fits
 from minimind_lib.core.filenames import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -51,7 +53,7 @@ from minimind_lib.core.filenames import (
     WEIGHTS_FILE,
 )
 from minimind_lib.model.config import MiniMindConfig
-from minimind_lib.model.decoder import MiniMindForCausalLM
+from minimind_lib.model.decoder import MiniMindForCausalLM, model_size
 from minimind_lib.model.int8 import FORMAT as INT8_FORMAT
 from minimind_lib.model.int8 import install_int8_layers, quantized_groups
 
@@ -125,8 +127,9 @@ def read_config(directory: str | Path) -> MiniMindConfig:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (is {directory} a model folder?)")
+    data = read_json(path)
     try:
-        return MiniMindConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return MiniMindConfig.from_dict(data)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from None
 
@@ -159,12 +162,7 @@ def _int8_groups(directory: Path) -> list[list[str]] | None:
     path = directory / QUANT_FILE
     if not path.is_file():
         return None
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON
-        raise ValueError(f"{path}: {e}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    meta = read_json(path)
     if meta.get("format") != INT8_FORMAT:
         raise ValueError(f"{path}: format is {meta.get('format')!r}, expected {INT8_FORMAT!r}")
     return meta.get("groups") or []
@@ -176,6 +174,8 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu") -> Min
     directory = Path(directory)
     config = read_config(directory)
     check_saved_config(directory, config)
+    params, nbytes = model_size(config)
+    check_fits(nbytes, f"{directory / CONFIG_FILE} (a model of {params:,} parameters)", device)
     model = MiniMindForCausalLM(config)
     groups = _int8_groups(directory)
     if groups is not None:  # empty int8 modules of the right shapes; the weights come next
@@ -213,11 +213,16 @@ def save_checkpoint(
     final, tmp = root / name, root / f"{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    _write_model_files(model, tmp)
-    with atomic_path(tmp / STATE_FILE) as t:
-        torch.save(state, t)
-    if write_hook is not None:
-        write_hook(tmp)
+    try:
+        with disk_full_named(tmp):
+            _write_model_files(model, tmp)
+            with atomic_path(tmp / STATE_FILE) as t:
+                torch.save(state, t)
+            if write_hook is not None:
+                write_hook(tmp)
+    except BaseException:  # a full disk, a kill signal: no half-written folder stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # the same step saved again (e.g. a resumed run that was complete)
         shutil.rmtree(final)
     os.rename(tmp, final)

@@ -365,3 +365,29 @@ def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T): token t+1; last: none
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()  # (B*T, V)
     return F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def model_size(config: MiniMindConfig) -> tuple[int, int]:
+    """``(parameters, bytes)`` of the fp32 model ``config`` describes: its weights, and the RoPE
+    tables beside them, from the config alone (nothing is allocated, however large it asks for:
+    ``load_model`` checks an edited ``config.json`` with it before building anything).
+    ``tests/test_model.py`` holds it equal to the built model's counts.
+
+    >>> model_size(MiniMindConfig())[0]       # MiniMind2-Small
+    25829888
+    >>> f"{model_size(MiniMindConfig(vocab_size=10**9))[1]:.1e}"   # bytes
+    '2.0e+12'
+    """
+    c, d = config.hidden_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    ffn = 3 * c * config.intermediate_size  # gate, up, down
+    if config.use_moe:  # routed and shared experts, and the router
+        experts = config.n_routed_experts + config.n_shared_experts
+        ffn = ffn * experts + config.n_routed_experts * c
+    layer = 2 * c + c * q + 2 * c * kv + q * c + ffn  # two norms, q k v o, the feed-forward
+    embeddings = config.vocab_size * c * (1 if config.tie_word_embeddings else 2)
+    params = embeddings + config.num_hidden_layers * layer + c  # + the final norm
+    tables = {"rope": 2 * config.max_position_embeddings * d,  # cos and sin, (P, D) each
+              "alibi": config.num_hidden_layers * config.num_attention_heads,  # slopes a layer
+              }.get(config.position_encoding, 0)
+    return params, 4 * (params + tables)

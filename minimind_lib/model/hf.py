@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from minimind_lib.core.atomic import DIR_MODE, FILE_MODE, disk_full_named
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import CONFIG_FILE
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import MiniMindForCausalLM
@@ -229,13 +231,17 @@ def save_pretrained(
     leaves a half-written model behind.  Load it with ``from_pretrained`` or with
     ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` (offline).
     """
-    directory = Path(directory)
+    directory = Path(directory).resolve()  # "." has no name to build the staging folder from
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        if tokenizer_dir is not None:  # first: a missing tokenizer fails before any work
-            copy_tokenizer_files(tokenizer_dir, staging)
-        to_hf(model).save_pretrained(staging)
+        with disk_full_named(directory):
+            if tokenizer_dir is not None:  # first: a missing tokenizer fails before any work
+                copy_tokenizer_files(tokenizer_dir, staging)
+            to_hf(model).save_pretrained(staging)
+        for path in staging.iterdir():  # the permissions a plain folder and files would get
+            os.chmod(path, FILE_MODE)
+        os.chmod(staging, DIR_MODE)
         _replace_dir(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -299,14 +305,21 @@ class ByteLevelTokenizer:
 
 
 def _replace_dir(new: Path, target: Path) -> None:
-    """Move folder ``new`` to ``target``, replacing an existing ``target`` only at the end."""
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+    """Move folder ``new`` to ``target``, replacing an existing ``target`` only at the end (the
+    old one is put back if the move fails)."""
+    if not target.exists():
+        os.replace(new, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+    try:
         os.replace(target, old / target.name)
-        os.replace(new, target)
-        shutil.rmtree(old)
-    else:
-        os.replace(new, target)
+        try:
+            os.replace(new, target)
+        except OSError:
+            os.replace(old / target.name, target)
+            raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # --- MiniMind's own weights in our model -------------------------------------------------------
@@ -344,7 +357,7 @@ def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForC
     """
     path = Path(source)
     if path.is_dir():
-        if (path / CONFIG_FILE).is_file() and "model_type" not in _read_json(path / CONFIG_FILE):
+        if (path / CONFIG_FILE).is_file() and "model_type" not in read_json(path / CONFIG_FILE):
             from minimind_lib.model.checkpoint import load_model
 
             return load_model(path)
@@ -361,12 +374,6 @@ def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForC
     raise FileNotFoundError(f"{source}: not a folder, a weights file or a Hub repo id "
                             "(owner/name)")
 
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -387,7 +394,7 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
-    hf = _read_json(folder / CONFIG_FILE)
+    hf = read_json(folder / CONFIG_FILE)
     if hf.get("model_type") not in ("llama", "minimind"):
         raise ValueError(f"{folder / CONFIG_FILE}: model_type {hf.get('model_type')!r} is not "
                          "a Llama-style model MiniMind can load (llama, minimind)")

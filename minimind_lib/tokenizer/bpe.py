@@ -23,6 +23,7 @@ from pathlib import Path
 import regex
 
 from minimind_lib import DATA_DIR
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import TOKENIZER_FILE, TOKENIZER_FILES
 from minimind_lib.tokenizer.special import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
 
@@ -411,23 +412,20 @@ class BPETokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such tokenizer file")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(path), source=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> BPETokenizer:
         """Build from the parsed ``tokenizer.json``; unsupported settings raise ``ValueError``."""
         supported = ("supported: model BPE, pre_tokenizer ByteLevel, normalizer null, "
                      "decoder ByteLevel or null, post_processor ByteLevel or null")
-        model = data.get("model") or {}
-        pre = data.get("pre_tokenizer") or {}
-
         def fail(what: str) -> ValueError:
             return ValueError(f"{source}: {what}; {supported}")
 
+        model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
+        for key in ("model", "pre_tokenizer", "normalizer", "decoder", "post_processor"):
+            if data.get(key) is not None and not isinstance(data[key], dict):
+                raise fail(f"{key} must be an object or null, got {data[key]!r:.40}")
         if model.get("type") != "BPE":
             raise fail(f"model type {model.get('type')!r} is not supported")
         if not isinstance(model.get("vocab"), dict) or not isinstance(model.get("merges"), list):
@@ -442,21 +440,59 @@ class BPETokenizer:
         for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback"):
             if model.get(key):  # null / 0 / false are the byte-level settings
                 raise fail(f"model.{key}={model[key]!r} is not supported")
-        added = []
-        for t in data.get("added_tokens", []):
-            flags = [f for f in ("lstrip", "rstrip", "single_word") if t.get(f)]
-            if flags:
-                raise fail(f"added token {t['content']!r} uses {'/'.join(flags)}, not supported")
-            added.append(AddedToken(t["content"], t["id"], t.get("special", False),
-                                    t.get("normalized", False)))
-        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        added = [_added_token(t, i, source) for i, t in enumerate(data.get("added_tokens") or [])]
+        merges = [_merge(m, i, source) for i, m in enumerate(model["merges"])]
         try:
-            return cls(model["vocab"], merges, added,
-                       add_prefix_space=pre.get("add_prefix_space", True),
-                       use_regex=pre.get("use_regex", True),
-                       ignore_merges=model.get("ignore_merges", False))
+            tokenizer = cls(model["vocab"], merges, added,
+                            add_prefix_space=pre.get("add_prefix_space", True),
+                            use_regex=pre.get("use_regex", True),
+                            ignore_merges=model.get("ignore_merges", False))
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
+        _check_ids(model["vocab"], added, source)
+        return tokenizer
+
+
+def _added_token(t: object, index: int, source: str) -> AddedToken:
+    """``added_tokens[index]`` of a tokenizer.json, checked."""
+    where = f"{source}: added_tokens[{index}]"
+    if not isinstance(t, dict) or not isinstance(t.get("content"), str) or not t["content"]:
+        raise ValueError(f"{where} must be an object with a non-empty string 'content'")
+    if not isinstance(t.get("id"), int) or isinstance(t["id"], bool):
+        raise ValueError(f"{where} ({t['content']!r}): 'id' must be an integer, got "
+                         f"{t.get('id')!r}")
+    flags = [f for f in ("lstrip", "rstrip", "single_word") if t.get(f)]
+    if flags:
+        raise ValueError(f"{where}: {t['content']!r} uses {'/'.join(flags)}, not supported "
+                         "(supported: plain added tokens)")
+    return AddedToken(t["content"], t["id"], bool(t.get("special", False)),
+                      bool(t.get("normalized", False)))
+
+
+def _merge(m: object, rank: int, source: str) -> tuple[str, str]:
+    """``model.merges[rank]``: "left right" (HF's old format) or ["left", "right"]."""
+    parts = m.split(" ") if isinstance(m, str) else m
+    if not (isinstance(parts, list | tuple) and len(parts) == 2
+            and all(isinstance(p, str) and p for p in parts)):
+        raise ValueError(f"{source}: model.merges[{rank}] must be \"left right\" or "
+                         f"[\"left\", \"right\"], got {m!r:.40}")
+    return parts[0], parts[1]
+
+
+def _check_ids(vocab: dict, added: Sequence[AddedToken], source: str) -> None:
+    """Token ids must be the integers 0 .. n-1, one token each (an added token may repeat its
+    own vocab entry, as HF writes special tokens), so no id can point past the embedding."""
+    owner: dict[int, str] = {}
+    entries = [(f"model.vocab[{t!r}]", t, i) for t, i in vocab.items()]
+    entries += [(f"added_tokens ({t.content!r})", t.content, t.id) for t in added]
+    for where, token, i in entries:
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise ValueError(f"{source}: {where}: id must be a non-negative integer, got {i!r}")
+        if owner.setdefault(i, token) != token:
+            raise ValueError(f"{source}: {where}: id {i} is also {owner[i]!r}'s")
+    if owner and max(owner) >= len(owner):
+        raise ValueError(f"{source}: ids must be 0 .. {len(owner) - 1} (one per token), but id "
+                         f"{max(owner)} is used: the embedding would have rows no token fills")
 
 
 @lru_cache(maxsize=64)

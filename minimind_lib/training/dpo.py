@@ -32,7 +32,6 @@ The pieces, one function each:
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from minimind_lib.core.checked_files import FileProblem, read_json
 from minimind_lib.core.device import Precision, pick_device, pick_precision
 from minimind_lib.core.filenames import EVAL_FILE
 from minimind_lib.data.conversations import pad_sft_batch, sft_example
@@ -551,7 +551,11 @@ def read_dpo_eval(stage_dir: str | Path) -> tuple[PreferenceEval, dict[str, Mode
     path = Path(stage_dir) / EVAL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (run the dpo stage first)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    prefs = {name: {k: PreferenceScores(**v) for k, v in res.items()}
-             for name, res in data["preference"].items()}
+    data = read_json(path)
+    try:
+        prefs = {name: {k: PreferenceScores(**v) for k, v in res.items()}
+                 for name, res in data["preference"].items()}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise FileProblem(f"{path}: not a dpo stage's eval.json ({type(e).__name__}: {e})"
+                          ) from None
     return PreferenceEval(prefs["sft"], prefs["dpo"]), read_eval(stage_dir)

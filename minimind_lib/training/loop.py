@@ -62,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from minimind_lib.core.atomic import atomic_write_text, read_json_lines
+from minimind_lib.core.atomic import atomic_write_text, disk_full_named, read_json_lines
 from minimind_lib.core.device import (
     Precision,
     pick_device,
@@ -101,9 +101,9 @@ def flops_per_token(config: Any, seq_len: int) -> float:
     >>> round(flops_per_token(MiniMindConfig(), 512) / 1e6, 1)  # MiniMind2-Small at T = 512
     180.1
     """
-    from minimind_lib.model.decoder import MiniMindForCausalLM
+    from minimind_lib.model.decoder import model_size
 
-    n_params = MiniMindForCausalLM(config).num_parameters()
+    n_params = model_size(config)[0]
     return 6 * n_params + 12 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
@@ -210,7 +210,7 @@ class MetricsLog:
 
     def write(self, row: dict) -> None:
         if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as f:
+            with disk_full_named(self.path), self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
 
 

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minimind_lib.core.atomic import atomic_path, atomic_write_text
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from minimind_lib.data.conversations import SFTDataset
 from minimind_lib.tokenizer.bpe import BPETokenizer
@@ -343,11 +344,8 @@ def read_adapter_config(directory: str | Path) -> LoRASettings:
     path = Path(directory) / ADAPTER_CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (not a LoRA adapter folder)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+    config = read_json(path)
+    if config.get("peft_type") != "LORA":
         raise ValueError(f"{path}: field 'peft_type' must be \"LORA\"")
     for key, accepted in _PLAIN_LORA.items():
         if config.get(key) not in accepted:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from minimind_lib.model.config import MiniMindConfig
-from minimind_lib.model.decoder import Block, MiniMindForCausalLM
+from minimind_lib.model.decoder import Block, MiniMindForCausalLM, model_size
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: CUDA context, cuBLAS/cuDNN workspaces and the allocator's slack: an assumption (about what
@@ -117,7 +117,7 @@ def training_breakdown(config: MiniMindConfig, batch: int, seq_len: int,
                        overhead: int = CUDA_OVERHEAD_BYTES) -> MemoryBreakdown:
     """Weights, gradients, AdamW state, autocast weight copies, activations (with the logits'
     gradient at the start of backward), overhead: bytes."""
-    n = MiniMindForCausalLM(config).num_parameters()
+    n = model_size(config)[0]
     copies = 2 * n if precision != "fp32" else 0
     activations = (activation_bytes(config, batch, seq_len, precision, checkpointing)
                    + backward_peak_bytes(config, batch, seq_len, precision))

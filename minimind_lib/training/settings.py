@@ -11,6 +11,7 @@ and seed), and the learning-rate schedule ``lr_at``.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -35,6 +36,22 @@ def lr_at(step: int, *, max_steps: int, peak_lr: float, warmup_steps: int,
     min_lr = min_lr_ratio * peak_lr
     progress = min(1.0, (step - warmup_steps) / max(1, max_steps - 1 - warmup_steps))
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak_lr - min_lr)
+
+
+#: Upper bounds past any real run (a billion steps; a million-token sequence): a value above
+#: one is a typo (``--set pretrain.max_steps=1e20``), refused before anything starts
+LIMITS = {"max_steps": 10**9, "warmup_steps": 10**9, "eval_every": 10**9, "save_every": 10**9,
+          "eval_batches": 10**6, "batch_size": 2**20, "seq_len": 2**20,
+          "accumulation_steps": 2**16, "max_examples": 10**12}
+
+
+def require_at_most(settings: object, limits: dict[str, int]) -> None:
+    """``ValueError`` naming the first field of ``settings`` above its limit."""
+    for name, limit in limits.items():
+        value = getattr(settings, name, None)
+        if value is not None and value > limit:
+            raise ValueError(f"{type(settings).__name__}.{name} is {value:,}, over the limit of "
+                             f"{limit:,}")
 
 
 def require_positive(settings: object, *fields: str) -> None:
@@ -101,6 +118,7 @@ class TrainSettings:
         if self.max_examples is not None and self.max_examples <= 0:
             raise ValueError(f"{name}.max_examples must be positive or None, "
                              f"got {self.max_examples}")
+        require_at_most(self, LIMITS)
         object.__setattr__(self, "betas", tuple(self.betas))
 
     @property
@@ -141,6 +159,10 @@ class TrainSettings:
         return replace(self, max_steps=self.planned_steps(num_examples, world_size), epochs=None)
 
 
+#: DataLoader worker processes: more than a few per core only thrash (each holds a copy)
+MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How the engine runs, apart from what it learns: none of these changes the result
@@ -159,6 +181,8 @@ class RunOptions:
         if self.num_workers < 0:
             raise ValueError(f"{type(self).__name__}.num_workers must be >= 0, got "
                              f"{self.num_workers}")
+        require_at_most(self, {"num_workers": MAX_WORKERS, "keep_checkpoints": 10**4,
+                               "max_bad_steps": 10**6})
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import CLIP_CONFIG_FILE, WEIGHTS_FILE
 from minimind_lib.model.attention import Attention
 from minimind_lib.model.checkpoint import load_weights, save_weights
@@ -464,8 +465,9 @@ def read_clip_config(path: str | Path) -> CLIPConfig:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (is {path.parent} a CLIP or VLM folder?)")
+    data = read_json(path)
     try:
-        return CLIPConfig(**json.loads(path.read_text(encoding="utf-8")))
+        return CLIPConfig(**data)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
 

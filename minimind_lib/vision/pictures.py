@@ -10,6 +10,11 @@ import io
 
 import numpy as np
 
+#: the largest picture read (width x height), checked from the file's header before decoding: a
+#: small compressed file can hold an enormous picture (a 48 KB PNG of 200 M pixels); the models
+#: read 64 x 64, so 4096 x 4096 leaves room for any photo and bounds the memory a request takes
+MAX_PICTURE_PIXELS = 4096 * 4096
+
 # --- pictures over HTTP ----------------------------------------------------------------------
 
 
@@ -26,7 +31,9 @@ def data_url(image: np.ndarray) -> str:
 def image_from_data_url(url: str, size: int) -> np.ndarray:
     """The picture of a ``data:image/...;base64,...`` URL as (size, size, 3) uint8 RGB, resized
     when it is another size; anything else (a web link, broken base64, bytes that are no
-    picture) is a ``ValueError`` saying which. Links are refused: the server fetches nothing.
+    picture, an animation, one over ``MAX_PICTURE_PIXELS``) is a ``ValueError`` saying which,
+    found from the header before anything is decoded. Links are refused: the server fetches
+    nothing.
 
     >>> from minimind_lib.vision.scenes import make_scene, render
     >>> picture = render(make_scene(0, "held_out", 0))
@@ -48,10 +55,22 @@ def image_from_data_url(url: str, size: int) -> np.ndarray:
     except binascii.Error as e:
         raise ValueError(f"image_url: the base64 data is damaged ({e})") from None
     try:
-        with Image.open(io.BytesIO(raw)) as opened:
+        with Image.open(io.BytesIO(raw)) as opened:  # reads the header only
+            _check_header(opened)
             picture = opened.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"image_url: the data is not a picture ({e})") from None
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        raise ValueError(f"image_url: the data is not a picture this server reads ({e})"
+                         ) from None
     if picture.size != (size, size):
         picture = picture.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(picture, dtype=np.uint8)
+
+
+def _check_header(opened) -> None:
+    """Refuse, from what the header says, a picture too large or with several frames."""
+    width, height = opened.size
+    if width * height > MAX_PICTURE_PIXELS:
+        raise ValueError(f"image_url: the picture is {width} x {height} pixels, over this "
+                         f"server's limit of {MAX_PICTURE_PIXELS:,} pixels; send a smaller one")
+    if getattr(opened, "is_animated", False):
+        raise ValueError("image_url: an animation (several frames); send one still picture")

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minimind_lib.core.atomic import atomic_write_text
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import VISION_CONFIG_FILE, VISION_FILE
 from minimind_lib.model.checkpoint import load_model, load_weights, save_model, save_weights
 from minimind_lib.model.config import MiniMindConfig
@@ -230,6 +231,10 @@ class VisionLanguageModel(nn.Module):
     def config(self) -> MiniMindConfig:
         return self.lm.config
 
+    def num_parameters(self) -> int:
+        """Parameters of the whole model: image encoder, projector and language model."""
+        return sum(p.numel() for p in self.parameters())
+
     @property
     def image_tokens(self) -> int:
         return self.projector.num_tokens
@@ -334,8 +339,8 @@ def load_vlm(directory: str | Path, device: str | torch.device = "cpu") -> Visio
     path = directory / VISION_CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file ({directory} is not a VLM folder)")
+    meta = read_json(path)
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
         clip_config, merge = CLIPConfig(**meta["clip"]), int(meta["merge"])
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"{path}: {type(e).__name__}: {e}") from None

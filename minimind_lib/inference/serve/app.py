@@ -39,14 +39,18 @@ and engine in ``request.app.state.server`` (a ``ServerState``).
 # subtle: no ``from __future__ import annotations`` here: FastAPI reads the request models from
 # the handlers' annotations, which must be real classes at run time.
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -138,10 +142,12 @@ class ServerState:
             return await asyncio.to_thread(encode_chat, self.tokenizer, messages, True)
         return await asyncio.to_thread(self.tokenizer.encode, text, set())
 
-    def picture(self, messages: list[Message]) -> tuple[torch.Tensor | None, int | None]:
+    async def picture(self, messages: list[Message]) -> tuple[torch.Tensor | None, int | None]:
         """The request's picture as pixels (1, 3, H, W) and the message holding it, or
         (None, None). A 400 when the model reads no pictures, when there is more than one,
-        when it is not in a user message, or when it is not a readable ``data:`` URL."""
+        when it is not in a user message, or when it is not a readable ``data:`` URL (within
+        the size limits its header is checked against). Decoded off the event loop, so a big
+        picture never holds up other requests."""
         found = [(i, url) for i, m in enumerate(messages) for url in m.image_urls()]
         if not found:
             return None, None
@@ -156,7 +162,8 @@ class ServerState:
         if messages[turn].role != "user":
             raise BadRequest("a picture goes in a user message", param)
         try:
-            image = image_from_data_url(url, self.vlm.encoder.config.image_size)
+            image = await asyncio.to_thread(image_from_data_url, url,
+                                            self.vlm.encoder.config.image_size)
         except ValueError as e:
             raise BadRequest(str(e), param) from None
         return to_pixels(image), turn
@@ -206,10 +213,23 @@ class ServerState:
         raise ClientGone()
 
 
+#: what a server on 127.0.0.1 without an API key answers to (``allowed_hosts``)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def check_api_key(key: str | None) -> None:
+    """Refuse a key no client could send: HTTP headers carry ASCII, and a bearer token has no
+    spaces (a UTF-8 key would never match)."""
+    if key is not None and not (key and all(33 <= ord(c) <= 126 for c in key)):
+        raise ValueError("the API key must be printable ASCII without spaces (HTTP headers "
+                         "carry ASCII, so a client could never send this one)")
+
+
 def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "minimind",
                default_max_new_tokens: int = 256, api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_waiting: int = MAX_WAITING,
-               model_card: Mapping[str, object] | None = None) -> FastAPI:
+               model_card: Mapping[str, object] | None = None,
+               allowed_hosts: Sequence[str] | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (see the module docstring for the endpoints).
 
     ``model_name`` is what ``GET /v1/models`` lists and responses echo;
@@ -217,8 +237,12 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     ``api_key``, when set, is required as ``Authorization: Bearer <key>``; a body over
     ``max_body_bytes`` is refused (413), and so is a request when ``max_waiting`` wait (503).
     ``model_card`` adds fields to the model's ``/v1/models`` entry (the CLI: profile, stage)
-    beside its parameter count.
+    beside its parameter count. ``allowed_hosts``, when given, are the only ``Host`` names
+    answered (the CLI sets ``LOOPBACK_HOSTS`` for a keyless server on loopback, so a web page
+    that rebinds its own name to 127.0.0.1 cannot reach it). The key guards every route but
+    the chat page; FastAPI's ``/docs`` pages (which load scripts from a CDN) are not served.
     """
+    check_api_key(api_key)
     engine = Engine(model, tokenizer, max_waiting)
 
     @contextlib.asynccontextmanager
@@ -226,7 +250,8 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
         yield
         engine.close()
 
-    app = FastAPI(title="MiniMind", version="1.0", lifespan=lifespan,
+    app = FastAPI(title="MiniMind", version="1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None,
                   description="MiniMind from Scratch: a small GPT served with an "
                               "OpenAI-compatible API (notebook 08).")
     app.state.engine = engine
@@ -239,6 +264,8 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     app.add_exception_handler(ClientGone, client_gone)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.add_middleware(InternalErrors)
+    if allowed_hosts is not None:  # outermost: a foreign Host gets nothing else
+        app.add_middleware(HostAllowList, hosts=tuple(allowed_hosts))
     app.state.model_card = {"parameters": parameter_count(model), **(model_card or {})}
     guarded = [Depends(require_api_key)]
     app.add_api_route("/", chat_page, methods=["GET"], response_class=HTMLResponse)
@@ -246,6 +273,8 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     app.add_api_route("/generate", generate, methods=["POST"], dependencies=guarded)
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
                       response_model=None, dependencies=guarded)
+    app.add_api_route("/openapi.json", openapi_schema, methods=["GET"], dependencies=guarded,
+                      include_in_schema=False)
     return app
 
 
@@ -263,6 +292,36 @@ async def require_api_key(request: Request) -> None:
         raise APIError(401, "missing or wrong API key: send the header "
                             "'Authorization: Bearer <key>'", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
+
+
+def host_name(host: str) -> str:
+    """A ``Host`` header without its port.
+
+    >>> host_name("localhost:8998"), host_name("[::1]:8998"), host_name("127.0.0.1")
+    ('localhost', '::1', '127.0.0.1')
+    """
+    if host.startswith("["):
+        return host[1:host.find("]")]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class HostAllowList:
+    """ASGI middleware: a request whose ``Host`` (port aside) is not in ``hosts`` gets a 400."""
+
+    def __init__(self, app: object, hosts: tuple[str, ...]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if host_name(host).lower() not in self.hosts:
+            message = (f"Host {host!r} is not one this server answers to: it listens on loopback "
+                       f"without an API key, so only {', '.join(self.hosts)} reach it (a guard "
+                       "against DNS rebinding); use one of those, or start it with --api-key")
+            return await JSONResponse(error_body(message, "Host"), status_code=400)(
+                scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimit:
@@ -338,9 +397,33 @@ async def list_models(request: Request) -> dict:
 
 
 async def chat_page() -> HTMLResponse:
-    """``GET /``: the chat page, shipped in the package (``serve/static/chat.html``)."""
-    page = resources.files("minimind_lib.inference.serve") / "static" / "chat.html"
-    return HTMLResponse(page.read_text(encoding="utf-8"))
+    """``GET /``: the chat page, shipped in the package (``serve/static/chat.html``), with a
+    Content-Security-Policy that allows its own inline script and style (by hash) and requests
+    to this server, nothing else, and no framing by other sites."""
+    page, headers = _chat_page()
+    return HTMLResponse(page, headers=headers)
+
+
+@functools.cache
+def _chat_page() -> tuple[str, dict[str, str]]:
+    page = (resources.files("minimind_lib.inference.serve") / "static" / "chat.html").read_text(
+        encoding="utf-8")
+
+    def hashes(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.DOTALL)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
+                        for b in bodies)
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+              "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+              "frame-ancestors 'none'")
+    return page, {"Content-Security-Policy": policy, "X-Frame-Options": "DENY",
+                  "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+async def openapi_schema(request: Request) -> JSONResponse:
+    """``GET /openapi.json``: the API's schema, behind the key like every route but ``/``."""
+    return JSONResponse(request.app.openapi())
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -382,7 +465,7 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
     param = "max_completion_tokens" if given else "max_tokens"
     params = server.sampling(max_new, param, temperature=req.temperature, top_k=req.top_k,
                              top_p=req.top_p, seed=req.seed)
-    pixels, image_turn = server.picture(req.messages)
+    pixels, image_turn = await server.picture(req.messages)
     prompt_ids = await server.encode(messages=messages, image_turn=image_turn)
     params = server.fit(params, prompt_ids, "messages", max_new, param)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),

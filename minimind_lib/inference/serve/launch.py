@@ -24,6 +24,65 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: seconds a connection may take to send a request's line and headers (the first one, or the
+#: next on a kept-alive connection); a slower client is disconnected, so half-open connections
+#: (a slow-headers flood) cannot pile up until the process runs out of file handles
+HEADERS_TIMEOUT_SECONDS = 10.0
+#: connections served at once; past it uvicorn answers 503 at once instead of queueing more
+MAX_CONNECTIONS = 512
+
+
+def headers_deadline_protocol():
+    """uvicorn's h11 protocol with a deadline on every request head (``HEADERS_TIMEOUT_SECONDS``):
+    uvicorn itself times out only idle kept-alive connections, after a first response."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadersDeadline(H11Protocol):
+        _deadline = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's head arrived: the deadline is met
+                self._cancel()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # first: a pipelined request handled inside super() cancels it again
+            super().on_response_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._cancel()
+            self._deadline = self.loop.call_later(HEADERS_TIMEOUT_SECONDS, self._expire)
+
+        def _cancel(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadersDeadline
+
+
+def uvicorn_config(app: object, host: str, port: int, log_level: str = "warning"):
+    """The uvicorn settings every server of the course runs with (the CLI's and
+    ``BackgroundServer``'s): the request-head deadline and the connection limit above."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                          http=headers_deadline_protocol(), limit_concurrency=MAX_CONNECTIONS)
+
+
 class BackgroundServer:
     """Run ``app`` under uvicorn on a thread of this process (tests, notebook)::
 
@@ -36,8 +95,7 @@ class BackgroundServer:
     def __init__(self, app: object, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, host, port))
         self.host = host
         self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 

@@ -22,17 +22,24 @@ def _valid_text(text: str) -> str:
     return text
 
 
-class TextPart(BaseModel):
+class Strict(BaseModel):
+    """Types as OpenAI's API checks them: ``true`` is no temperature, ``"2"`` no token count,
+    ``"yes"`` no boolean (an int is still a float)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ImageURL(BaseModel):
+class ImageURL(Strict):
     url: str
     detail: str | None = None
 
 
-class ImagePart(BaseModel):
+class ImagePart(Strict):
     """OpenAI's picture part; only ``data:`` URLs are read
     (``vision.pictures.image_from_data_url``)."""
 
@@ -40,7 +47,7 @@ class ImagePart(BaseModel):
     image_url: ImageURL
 
 
-class Message(BaseModel):
+class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart | ImagePart]
 
@@ -67,15 +74,15 @@ class Message(BaseModel):
                 "content": self.text()}
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(Strict):
     """OpenAI's chat completion request (the fields this server uses; others are ignored).
     Sampling fields are only typed here: ``SamplingParams`` checks their values."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore")
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = None
@@ -90,10 +97,10 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(Strict):
     """``POST /generate``: one prompt, its text back."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
     prompt: str = Field(min_length=1)
     max_new_tokens: int | None = None
     temperature: float = 0.7

@@ -22,6 +22,14 @@ torch thread. The probes:
 * files: broken data lines, damaged / edited / NaN checkpoints, a torn metrics line on resume;
 * the CLI: exit code and whether a traceback is printed;
 * kill -9 during ``save_checkpoint`` (25 times): is the latest checkpoint still loadable?
+
+And issue #27's two that need timing:
+
+* a slow-headers flood: 10,000 connections that send half a request head and wait; the
+  server's open sockets at once and 12 s later, and a normal request then;
+* 16 big pictures at once (12000 x 12000, a 1-bit PNG of a few KB each) to a VLM server,
+  while another client polls ``GET /v1/models``: their statuses, the longest poll, the
+  server's peak RSS; and one 200 M-pixel "decompression bomb" (a 1-bit PNG of ~50 KB).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -94,24 +103,29 @@ def make_model_dir(root: Path) -> Path:
 
 
 class Server:
-    """``python -m minimind_lib serve`` of a tree, in a subprocess."""
+    """``python -m minimind_lib serve`` of a tree, in a subprocess; ``direct=True`` starts
+    ``create_app`` under plain uvicorn instead (what a tree whose CLI cannot load the model,
+    e.g. a VLM folder before issue #27, still serves)."""
 
-    def __init__(self, tree: Path, model_dir: Path) -> None:
+    def __init__(self, tree: Path, model_dir: Path, direct: bool = False) -> None:
         import httpx
 
         from minimind_lib.inference.serve.launch import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "minimind_lib", "serve", "--model", str(model_dir),
-             "--port", str(self.port), "--device", "cpu"], env=tree_env(tree),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+        command = ([sys.executable, "-c", DIRECT_SERVER, str(model_dir), str(self.port)] if direct
+                   else [sys.executable, "-m", "minimind_lib", "serve", "--model", str(model_dir),
+                         "--port", str(self.port), "--device", "cpu"])
+        self.proc = subprocess.Popen(command, env=tree_env(tree), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, cwd=tempfile.gettempdir())
         for _ in range(600):
             try:
                 httpx.get(self.url + "/v1/models", timeout=1)
                 return
             except httpx.HTTPError:
+                if self.proc.poll() is not None:
+                    break
                 time.sleep(0.2)
         raise RuntimeError("the server did not start")
 
@@ -121,6 +135,16 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
+
+
+DIRECT_SERVER = """
+import sys, uvicorn
+from minimind_lib.inference.loading import load_for_serving
+from minimind_lib.inference.serve.app import create_app
+model, tokenizer = load_for_serving(sys.argv[1], "cpu")
+uvicorn.run(create_app(model, tokenizer), host="127.0.0.1", port=int(sys.argv[2]),
+            log_level="warning")
+"""
 
 
 def words(n_chars: int) -> str:
@@ -238,6 +262,100 @@ def probe_bodies(tree: Path, model_dir: Path) -> dict:
             second = outcome(lambda: shape(client.get("/v1/models")))
         rows["keep-alive: the top_p 1e-46 request, then the next one on its connection"] = (
             f"{first}; then {second}")
+    return rows
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def probe_slow_headers(tree: Path, model_dir: Path, n: int = 10_000) -> dict:
+    import httpx
+
+    with Server(tree, model_dir) as s:
+        held = []
+        for _ in range(n):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+            held.append(c)
+        time.sleep(1)
+        at_once = open_fds(s.proc.pid)
+        time.sleep(11)
+        later = open_fds(s.proc.pid)
+        start = time.perf_counter()
+        normal = outcome(lambda: shape(httpx.get(s.url + "/v1/models", timeout=30)))
+        took = time.perf_counter() - start
+        for c in held:
+            c.close()
+    return {f"{n:,} half-open requests: server's open files at once -> 12 s later; a normal "
+            "request then": f"{at_once:,} -> {later:,}; {normal} in {took:.2f} s"}
+
+
+def make_vlm_dir(root: Path) -> Path:
+    import torch
+
+    from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    from minimind_lib.tokenizer import load_tokenizer
+    from minimind_lib.vision.clip import CLIP, CLIPConfig
+    from minimind_lib.vision.vlm import build_vlm, save_vlm
+
+    tokenizer = load_tokenizer()
+    torch.manual_seed(0)
+    lm = MiniMindForCausalLM(MiniMindConfig(vocab_size=len(tokenizer), hidden_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, max_position_embeddings=512))
+    clip = CLIP(CLIPConfig(vocab_size=len(tokenizer)))
+    save_vlm(build_vlm(lm, clip), root / "vlm")
+    tokenizer.save(root / "vlm" / "tokenizer.json")
+    return root / "vlm"
+
+
+def png_url(width: int, height: int) -> str:
+    """A black 1-bit PNG of ``width`` x ``height`` as a data URL (it compresses to a few KB)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("1", (width, height)).save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def picture_chat(url: str) -> dict:
+    parts = [{"type": "text", "text": "what colour?"},
+             {"type": "image_url", "image_url": {"url": url}}]
+    return {"messages": [{"role": "user", "content": parts}], "max_tokens": 2, "temperature": 0}
+
+
+def probe_big_pictures(tree: Path, work: Path) -> dict:
+    import httpx
+
+    big, bomb = png_url(12000, 12000), png_url(20000, 10000)
+    rows = {}
+    with Server(tree, make_vlm_dir(work), direct=True) as s:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            sent = [pool.submit(outcome, lambda: shape(httpx.post(s.url + CHAT, json=picture_chat(
+                big), timeout=600))) for _ in range(16)]
+            worst = 0.0
+            while not all(f.done() for f in sent):
+                start = time.perf_counter()
+                httpx.get(s.url + "/v1/models", timeout=600)
+                worst = max(worst, time.perf_counter() - start)
+                time.sleep(0.02)
+        statuses = sorted({f.result() for f in sent})
+        rows[f"16 pictures of 12000 x 12000 ({len(big) // 1024} KB each) at once: answers; "
+             "longest other request meanwhile; server peak RSS"] = (
+            f"{', '.join(statuses)}; {worst:.2f} s; {peak_rss_mb(s.proc.pid):.0f} MB")
+        rows[f"a 200 M-pixel PNG ({len(bomb) // 1024} KB)"] = outcome(lambda: shape(httpx.post(
+            s.url + CHAT, json=picture_chat(bomb), timeout=600)))
     return rows
 
 
@@ -391,26 +509,39 @@ def probe_kill9(tree: Path, work: Path, trials: int = 25) -> dict:
 # --------------------------------------------------------------------------- running it
 
 
-def worker(tree: Path) -> dict:
-    """All probes against ``tree`` (this process imports minimind_lib from it)."""
+PROBES = {  # name -> probe(tree, model_dir, work)
+    "probe_abandoned": lambda tree, model, work: probe_abandoned(tree, model),
+    "probe_big_prompts": lambda tree, model, work: probe_big_prompts(tree, model),
+    "probe_concurrency_and_memory": lambda tree, model, work: probe_concurrency_and_memory(
+        tree, model),
+    "probe_bodies": lambda tree, model, work: probe_bodies(tree, model),
+    "probe_slow_headers": lambda tree, model, work: probe_slow_headers(tree, model),
+    "probe_big_pictures": lambda tree, model, work: probe_big_pictures(tree, work),
+    "probe_files": lambda tree, model, work: probe_files(work),
+    "probe_cli": lambda tree, model, work: probe_cli(tree, model, work),
+    "probe_kill9": lambda tree, model, work: probe_kill9(tree, work),
+}
+
+
+def worker(tree: Path, only: list[str] | None) -> dict:
+    """The probes (``only`` these, when given) against ``tree`` (this process imports
+    minimind_lib from it)."""
     import torch
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="probes-"))
     model_dir = make_model_dir(work)
     rows: dict = {}
-    for probe in (probe_abandoned, probe_big_prompts, probe_concurrency_and_memory,
-                  probe_bodies):
-        rows |= probe(tree, model_dir)
-        print(f"[{tree}] {probe.__name__} done", file=sys.stderr, flush=True)
-    rows |= probe_files(work)
-    rows |= probe_cli(tree, model_dir, work)
-    rows |= probe_kill9(tree, work)
+    for name, probe in PROBES.items():
+        if only is None or name in only:
+            rows |= probe(tree, model_dir, work)
+            print(f"[{tree}] {name} done", file=sys.stderr, flush=True)
     return rows
 
 
-def run_tree(tree: Path) -> dict:
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(tree)],
+def run_tree(tree: Path, only: list[str] | None) -> dict:
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(tree),
+                          *(["--only", *only] if only else [])],
                          env=tree_env(tree), capture_output=True, text=True,
                          cwd=tempfile.gettempdir(), check=False)
     sys.stderr.write(out.stderr[-4000:])
@@ -421,14 +552,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, default=None, help="another source tree")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="run only these probes (e.g. probe_slow_headers)")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker)))
+        print(json.dumps(worker(args.worker, args.only)))
         return
     trees = {"after (this tree)": HERE.parent}
     if args.before:
         trees = {"before": args.before.resolve(), **trees}
-    results = {name: run_tree(tree) for name, tree in trees.items()}
+    unknown = set(args.only or ()) - set(PROBES)
+    if unknown:
+        parser.error(f"unknown probes {sorted(unknown)}; probes: {', '.join(PROBES)}")
+    results = {name: run_tree(tree, args.only) for name, tree in trees.items()}
     names = list(trees)
     print("| probe | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")

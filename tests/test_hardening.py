@@ -506,3 +506,500 @@ def test_serve_command_with_an_api_key(tmp_path, model, tok):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ===========================================================================================
+# Issue #27: nothing lost, nothing crashes. One case per failure class of the second probe
+# (numbered as in the issue); each failed on the code before the fix. Names that are new with
+# the fix are imported inside the tests, so against the old code each fails on its own.
+# ===========================================================================================
+
+def _model_folder(path, **config):
+    """A saved tiny model (fp32) with the course tokenizer beside it, plus a user's files."""
+    from minimind_lib.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    save_model(MiniMindForCausalLM(MiniMindConfig(**{
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "max_position_embeddings": 64, **config})), path)
+    load_tokenizer().save_pretrained(path)
+    (path / "README.md").write_text("my notes on this run\n")
+    (path / "eval.json").write_text('{"per_task": 1, "models": {}}\n')
+    return path
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- 27.1 export never deletes ----------------------------------------------------------
+
+
+def test_export_refuses_a_folder_of_other_files(tmp_path, capsys):
+    model_dir = _model_folder(tmp_path / "sft")
+    out = tmp_path / "mine"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("keep me")
+    (out / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    before = _snapshot(out)
+    assert main(["export", "--format", "hf", "--model", str(model_dir), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "holds other files (notes.txt, sub/)" in err and err.count("\n") == 1
+    assert _snapshot(out) == before
+
+
+def test_export_over_an_earlier_export_replaces_it(tmp_path):
+    model_dir = _model_folder(tmp_path / "sft")
+    out = tmp_path / "hf"
+    for _ in range(2):  # the second writes over the first export: allowed
+        assert main(["export", "--format", "hf", "--model", str(model_dir), "--out",
+                     str(out)]) == 0
+    assert (out / "model.safetensors").is_file() and not list(tmp_path.glob(".hf.*"))
+
+
+@pytest.mark.parametrize("where", ["same", "inside_hf", "inside_gguf", "parent"])
+def test_export_never_writes_over_the_model_folder(tmp_path, capsys, where):
+    model_dir = _model_folder(tmp_path / "sft")
+    before = _snapshot(model_dir)
+    fmt, out = {"same": ("hf", model_dir), "inside_hf": ("hf", model_dir / "hf"),
+                "inside_gguf": ("gguf", model_dir / "model.safetensors"),
+                "parent": ("hf", tmp_path)}[where]
+    assert main(["export", "--format", fmt, "--model", str(model_dir), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "model folder" in err and err.count("\n") == 1
+    assert _snapshot(model_dir) == before
+
+
+def test_export_to_the_current_folder_is_refused_and_leaves_nothing(tmp_path, capsys,
+                                                                    monkeypatch):
+    model_dir = _model_folder(tmp_path / "sft")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "script.py").write_text("print('mine')\n")
+    monkeypatch.chdir(work)
+    assert main(["export", "--format", "hf", "--model", str(model_dir), "--out", "."]) == 1
+    assert "holds other files (script.py)" in capsys.readouterr().err
+    assert sorted(p.name for p in work.iterdir()) == ["script.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft", "work"]  # no ..old.* folder
+
+
+def test_export_refuses_a_file_that_is_not_gguf_and_a_vlm_folder(tmp_path, capsys):
+    model_dir = _model_folder(tmp_path / "sft")
+    precious = tmp_path / "thesis.pdf"
+    precious.write_bytes(b"%PDF-1.7 my thesis")
+    assert main(["export", "--format", "gguf", "--model", str(model_dir), "--out",
+                 str(precious)]) == 1
+    assert "is not a GGUF file" in capsys.readouterr().err
+    assert precious.read_bytes() == b"%PDF-1.7 my thesis"
+    (model_dir / "vision.safetensors").write_bytes(b"")  # a VLM folder's image side
+    assert main(["export", "--format", "hf", "--model", str(model_dir), "--out",
+                 str(tmp_path / "hf")]) == 1
+    assert "vision-language model folder" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_exports_and_model_folders_keep_the_umask_permissions(tmp_path):
+    from minimind_lib.core.atomic import DIR_MODE, FILE_MODE
+
+    model_dir = _model_folder(tmp_path / "sft")
+    assert (model_dir / "model.safetensors").stat().st_mode & 0o777 == FILE_MODE  # not 0600
+    assert main(["export", "--format", "hf", "--model", str(model_dir), "--out",
+                 str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf").stat().st_mode & 0o777 == DIR_MODE  # not 0700
+    assert all(p.stat().st_mode & 0o777 == FILE_MODE for p in (tmp_path / "hf").iterdir())
+
+
+# --- 27.2 concurrent runs never overwrite ------------------------------------------------
+
+
+def test_a_forced_run_that_waited_keeps_the_finished_run(tmp_path, monkeypatch):
+    """Two ``pretrain --out SAME``: the second waits for the lock, then rebuilds; the first
+    one's finished run must survive in previous/, not be rebuilt over in place."""
+    from minimind_lib.course import pipeline, stages
+    from minimind_lib.course.pipeline import PREVIOUS_DIR
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow_stage(ctx):
+        (ctx.out_dir / "weights.bin").write_text(threading.current_thread().name)
+        started.set()
+        release.wait(timeout=30)
+        return {}
+
+    monkeypatch.setitem(stages.STAGES, "slow", stages.Stage("slow", slow_stage))
+    first = threading.Thread(target=pipeline.ensure, name="first", args=("slow", "smoke"),
+                             kwargs={"root": tmp_path, "force": True})
+    first.start()
+    assert started.wait(timeout=30)
+    second = threading.Thread(target=pipeline.ensure, name="second", args=("slow", "smoke"),
+                              kwargs={"root": tmp_path, "force": True})
+    second.start()
+    time.sleep(0.3)  # the second is now waiting for the lock
+    started.clear()
+    release.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    kept = list((tmp_path / PREVIOUS_DIR).glob("slow-*"))
+    assert len(kept) == 1 and (kept[0] / "weights.bin").read_text() == "first"
+    assert (tmp_path / "slow" / "weights.bin").read_text() == "second"
+
+
+# --- 27.3 settings checked before anything is touched; sizes before allocation -------------
+
+
+@pytest.mark.parametrize("setting", ["seed=-1", f"seed={2**70}"])
+def test_bad_settings_are_refused_before_finished_runs_are_touched(smoke_runs, tmp_path,
+                                                                   capsys, setting):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(smoke_runs, root)
+    before = {p.name: (p / "stage.json").read_text() for p in root.iterdir() if p.is_dir()}
+    assert main(["pretrain", "--profile", "smoke", "--out", str(root), "--set", setting]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert {p.name: (p / "stage.json").read_text() for p in root.iterdir() if p.is_dir()} == before
+    assert not (root / "previous").exists()
+
+
+@pytest.mark.parametrize("setting,words", [
+    ("pretrain.max_steps=" + "9" * 20, "over the limit of 1,000,000,000"),
+    ("train.num_workers=100000", "num_workers is 100,000, over the limit"),
+])
+def test_absurd_budgets_are_refused(capsys, setting, words):
+    assert main(["plan", "--profile", "smoke", "--no-cpu-probe", "--set", setting]) == 1
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_an_absurd_model_size_is_refused_before_allocation(tmp_path, capsys):
+    assert main(["pretrain", "--profile", "smoke", "--out", str(tmp_path / "runs"),
+                 "--set", "model.hidden_size=1000000000", "--set",
+                 "model.num_attention_heads=8"]) == 1
+    err = capsys.readouterr().err
+    assert "training pretrain (a model of" in err and "needs about" in err and "free" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("field,value", [("vocab_size", 10**9),
+                                         ("max_position_embeddings", 10**9),
+                                         ("num_hidden_layers", 10**6)])
+def test_an_edited_config_json_is_refused_before_allocation(tmp_path, field, value):
+    """(A folder whose weights carry our config is refused at once as edited; this one's
+    weights, like a converted model's, carry none: only the size check stands in the way.)"""
+    from minimind_lib.model.checkpoint import save_weights
+
+    folder = _model_folder(tmp_path / "m")
+    save_weights(load_model(folder), folder / "model.safetensors")  # no config in the header
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(ValueError, match=r"config.json \(a model of [\d,]+ parameters\) needs "
+                                         r"about .* free"):
+        load_model(folder)
+
+
+# --- 27.4 valid input that crashed ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vlm_folder(tmp_path_factory):
+    from minimind_lib.tokenizer import load_tokenizer
+    from minimind_lib.vision.clip import CLIP, CLIPConfig
+    from minimind_lib.vision.vlm import build_vlm, save_vlm
+
+    torch.manual_seed(0)
+    lm = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1,
+                                            max_position_embeddings=256))
+    clip = CLIP(CLIPConfig(vision_width=16, vision_layers=1, vision_heads=2, text_width=16,
+                           text_layers=1, text_heads=2, embed_dim=8, vocab_size=6400))
+    folder = tmp_path_factory.mktemp("vision") / "vlm"
+    save_vlm(build_vlm(lm, clip), folder)
+    load_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_chat_and_serve_load_a_vlm_folder(vlm_folder, capsys, monkeypatch):
+    import minimind_lib.__main__ as cli
+
+    args = cli.build_parser().parse_args(["serve", "--model", str(vlm_folder)])
+    model, _ = cli.load_chosen_model(args)  # what serve runs before starting uvicorn
+    assert "parameters)" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", "--model", str(vlm_folder), "--max-new-tokens", "3"]) == 0
+
+
+def _png_header(width, height, mode=0):
+    """A PNG whose header says ``width`` x ``height`` (1-bit grey), its data one empty row:
+    a few bytes that decode to an enormous picture."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, mode, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * ((width + 7) // 8 + 1))) + chunk(b"IEND", b""))
+
+
+def _gif_header(width, height):
+    """A 1-frame GIF whose logical screen and image say ``width`` x ``height``."""
+    import struct
+
+    return (b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0)
+            + b"," + struct.pack("<HHHHB", 0, 0, width, height, 0) + b"\x02\x02\x4c\x01\x00;")
+
+
+@pytest.mark.parametrize("kind,data", [
+    ("png 200M pixels (a bomb)", lambda: _png_header(20000, 10000)),
+    ("gif 4G pixels", lambda: _gif_header(65535, 65535)),
+    ("png 12000 x 12000", lambda: _png_header(12000, 12000)),
+])
+def test_huge_pictures_are_400s_from_their_header(vlm_folder, kind, data):
+    import base64
+
+    from minimind_lib.inference.loading import load_for_serving
+
+    vlm, tokenizer = load_for_serving(vlm_folder, "cpu")
+    url = "data:image/png;base64," + base64.b64encode(data()).decode()
+    message = [{"role": "user", "content": [{"type": "text", "text": "what?"},
+                                            {"type": "image_url", "image_url": {"url": url}}]}]
+    with BackgroundServer(create_app(vlm, tokenizer)) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": message, "max_tokens": 2}, timeout=60)
+        error = openai_error(r, 400)
+        assert "picture" in error["message"] and error["param"] == "messages[0].content"
+
+
+def test_pictures_are_decoded_off_the_event_loop(vlm_folder, monkeypatch):
+    import base64
+
+    from minimind_lib.inference.loading import load_for_serving
+    from minimind_lib.vision.pictures import data_url, image_from_data_url
+
+    threads = []
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return image_from_data_url(*args, **kwargs)
+
+    monkeypatch.setattr(serve_app, "image_from_data_url", recording)
+    vlm, tokenizer = load_for_serving(vlm_folder, "cpu")
+    url = data_url(torch.zeros(64, 64, 3, dtype=torch.uint8).numpy())
+    assert base64.b64decode(url.split(",")[1])[:4] == b"\x89PNG"
+    message = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    with BackgroundServer(create_app(vlm, tokenizer)) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": message, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200 and len(threads) == 1 and threads[0] != "uvicorn"
+
+
+# --- 27.5 every bad file named ----------------------------------------------------------
+
+
+def _course_tokenizer_dict():
+    from minimind_lib.tokenizer import load_tokenizer
+
+    return load_tokenizer().to_dict()
+
+
+def _set_first_vocab_id(d, value):
+    first = next(iter(d["model"]["vocab"]))
+    d["model"]["vocab"][first] = value
+
+
+def _share_an_id(d):
+    names = list(d["model"]["vocab"])
+    d["model"]["vocab"][names[300]] = d["model"]["vocab"][names[301]]
+
+
+@pytest.mark.parametrize("name,mutate,words", [
+    ("list", lambda d: [1, 2], "expected a JSON object, got a list"),
+    ("string decoder", lambda d: {**d, "decoder": "x"}, "decoder must be an object or null"),
+    ("merge 5", lambda d: (d["model"]["merges"].__setitem__(3, 5), d)[1], "model.merges[3]"),
+    ("added token without id", lambda d: (d["added_tokens"][0].pop("id"), d)[1],
+     "added_tokens[0]"),
+    ("id 10**6", lambda d: (_set_first_vocab_id(d, 10**6), d)[1], "ids must be 0 .."),
+    ("id -1", lambda d: (_set_first_vocab_id(d, -1), d)[1], "non-negative integer"),
+    ("id '12'", lambda d: (_set_first_vocab_id(d, "12"), d)[1], "non-negative integer"),
+    ("shared id", lambda d: (_share_an_id(d), d)[1], "is also"),
+])
+def test_a_broken_tokenizer_json_is_named(tmp_path, name, mutate, words):
+    from minimind_lib.tokenizer import BPETokenizer
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(mutate(_course_tokenizer_dict())), encoding="utf-8")
+    with pytest.raises(ValueError) as err:
+        BPETokenizer.from_file(path)
+    assert str(path) in str(err.value) and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("raw,words", [(b'{"model": "\xff"}', "not UTF-8"),
+                                       (b"[" * 100_000 + b"]" * 100_000, "nested too deeply")])
+def test_an_unreadable_tokenizer_json_is_named(tmp_path, raw, words):
+    from minimind_lib.tokenizer import BPETokenizer
+
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match=words) as err:
+        BPETokenizer.from_file(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["[]", "null", '"x"'])
+def test_a_damaged_hash_cache_is_rebuilt_not_trusted(tmp_path, content):
+    from minimind_lib.course.pipeline import HASH_CACHE, file_hash
+
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hi"}\n')
+    (tmp_path / HASH_CACHE).write_text(content)
+    import hashlib
+    assert file_hash(data, tmp_path) == hashlib.sha256(data.read_bytes()).hexdigest()
+
+
+def test_a_truncated_stage_json_is_named_in_one_line(smoke_runs, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(smoke_runs, root)
+    marker = root / "pretrain" / "stage.json"
+    marker.write_text(marker.read_text()[:40])
+    assert main(["sft", "--profile", "smoke", "--out", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert f"{marker}: not valid JSON" in err and "move or delete" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("raw,words", [(b"[sft]\nlearning_rate = \xff\n", "not UTF-8"),
+                                       (b"a = " + b"[" * 3000 + b"]" * 3000, "nested too deeply")])
+def test_a_broken_config_toml_is_named(tmp_path, capsys, raw, words):
+    path = tmp_path / "run.toml"
+    path.write_bytes(raw)
+    assert main(["plan", "--profile", "smoke", "--no-cpu-probe", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert str(path) in err and words in err and err.count("\n") == 1
+
+
+def test_a_full_disk_is_named_and_leaves_no_temporaries(tmp_path, monkeypatch):
+    """Simulated: safetensors fails mid-write while the disk has no space left (the real thing
+    on a tiny tmpfs: ``test_a_real_full_disk``)."""
+    import shutil
+
+    import minimind_lib.core.atomic as atomic
+    from minimind_lib.model import checkpoint
+
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1,
+                                               max_position_embeddings=64))
+
+    def failing_write(module, filename, **kwargs):
+        open(filename, "wb").write(b"x" * 100)
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+
+    monkeypatch.setattr(checkpoint.safetensors.torch, "save_model", failing_write)
+    monkeypatch.setattr(atomic.shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(OSError, match="No space left on device") as err:
+        save_checkpoint(tmp_path, 5, model, {"step": 5})
+    assert "step_0000005" in str(err.value)
+    assert list((tmp_path / "checkpoints").iterdir()) == []  # no step_*.tmp-* folder
+
+
+def test_a_real_full_disk(tmp_path):
+    """On a 1 MB tmpfs (where this machine lets the tests mount one)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root): the simulated case above runs")
+    try:
+        model = MiniMindForCausalLM(MiniMindConfig(hidden_size=128, num_hidden_layers=2,
+                                                   num_attention_heads=4))  # ~7 MB of weights
+        with pytest.raises(OSError, match="No space left on device") as err:
+            save_model(model, mount / "m")
+        assert str(mount / "m") in str(err.value)
+        assert [p.name for p in (mount / "m").iterdir()] in ([], ["config.json"])
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_stale_temporary_of_a_killed_run_is_removed(tmp_path):
+    from minimind_lib.core.atomic import atomic_write_text
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    stale = tmp_path / f"metrics.json.tmp-{dead.pid}"
+    stale.write_text("half")
+    mine = tmp_path / f"metrics.json.tmp-{1}"  # pid 1 runs: not ours to remove
+    mine.write_text("someone's")
+    atomic_write_text(tmp_path / "metrics.json", "{}")
+    assert not stale.exists() and mine.exists()
+
+
+# --- 27.6 server edges ------------------------------------------------------------------
+
+
+def test_a_non_ascii_api_key_is_refused_at_startup(model, tok, capsys, monkeypatch, tmp_path):
+    from minimind_lib.inference.serve.launch import free_port
+
+    with pytest.raises(ValueError, match="printable ASCII"):
+        create_app(model, tok, api_key="clé-secrète")
+    monkeypatch.setenv("MINIMIND_API_KEY", "clé")  # (no model there: a server never starts)
+    assert main(["serve", "--port", str(free_port()), "--model", str(tmp_path / "none")]) == 1
+    assert "printable ASCII" in capsys.readouterr().err
+
+
+def test_docs_are_not_served_and_the_schema_needs_the_key(model, tok):
+    with BackgroundServer(create_app(model, tok, api_key="k3y")) as s:
+        assert httpx.get(s.url + "/docs").status_code == 404
+        assert httpx.get(s.url + "/redoc").status_code == 404
+        assert httpx.get(s.url + "/openapi.json").status_code == 401
+        r = httpx.get(s.url + "/openapi.json", headers={"Authorization": "Bearer k3y"})
+        assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
+        assert httpx.get(s.url + "/").status_code == 200  # the page itself stays open
+
+
+def test_a_keyless_loopback_server_answers_only_to_localhost_names(model, tok):
+    from minimind_lib.inference.serve.app import LOOPBACK_HOSTS
+
+    with BackgroundServer(create_app(model, tok, allowed_hosts=LOOPBACK_HOSTS)) as s:
+        assert httpx.get(s.url + "/v1/models").status_code == 200
+        r = httpx.get(s.url + "/v1/models", headers={"Host": "attacker.example:8998"})
+        assert "DNS rebinding" in openai_error(r, 400)["message"]
+        assert httpx.get(s.url + "/", headers={"Host": "localhost:8998"}).status_code == 200
+
+
+def test_the_chat_page_has_a_content_security_policy(server):
+    r = httpx.get(server.url + "/")
+    policy = r.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy
+    assert "script-src 'sha256-" in policy and "cdn" not in r.text.lower()
+    assert r.headers["x-frame-options"] == "DENY"
+
+
+def test_slow_request_heads_are_cut_off(model, tok, monkeypatch):
+    from minimind_lib.inference.serve import launch
+
+    monkeypatch.setattr(launch, "HEADERS_TIMEOUT_SECONDS", 0.5)
+    with BackgroundServer(create_app(model, tok)) as s:
+        host, port = s.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as slow:
+            slow.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+            start = time.monotonic()
+            assert slow.recv(100) == b""  # closed by the server
+            assert time.monotonic() - start < 8
+        assert httpx.get(s.url + "/v1/models").status_code == 200  # a normal client still is
+
+
+@pytest.mark.parametrize("field,value", [("temperature", True), ("max_tokens", "2"),
+                                         ("stream", "yes"), ("top_k", "2"), ("seed", "1")])
+def test_request_fields_have_strict_json_types(server, field, value):
+    r = httpx.post(server.url + CHAT, json={"messages": user("hi"), field: value}, timeout=60)
+    assert openai_error(r, 400)["param"] == field
+
+
+def test_an_int_temperature_is_still_a_number(server):
+    r = httpx.post(server.url + CHAT, json={"messages": user("hi"), "temperature": 0,
+                                            "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import warnings
 
 import numpy as np
 
@@ -55,7 +56,10 @@ def image_from_data_url(url: str, size: int) -> np.ndarray:
     except binascii.Error as e:
         raise ValueError(f"image_url: the base64 data is damaged ({e})") from None
     try:
-        with Image.open(io.BytesIO(raw)) as opened:  # reads the header only
+        with warnings.catch_warnings():  # PIL's own bomb warning: the header check decides
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(raw))  # reads the header only
+        with opened:
             _check_header(opened)
             picture = opened.convert("RGB")
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:

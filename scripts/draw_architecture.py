@@ -21,7 +21,7 @@ from test_layout import LAYERS, MODULES, PACKAGES, package_graph  # noqa: E402
 OUT = ROOT / "docs" / "figures" / "architecture.svg"
 #: what each layer is, in a few words
 ROLES = {
-    "core": "file names, atomic writes, device + precision, the one download",
+    "core": "file names, atomic writes, checked reads, device + memory, the one download",
     "tokenizer": "byte-level BPE, special tokens, chat template",
     "model": "config, RoPE, attention, MoE, decoder, checkpoints, int8, HF bridge",
     "data": "jsonl readers, pretraining stream, SFT examples, task families",

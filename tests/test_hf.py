@@ -13,7 +13,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
 from minimind_lib.model.decoder import attention_maps
-from minimind_lib.model.hf import from_hf, from_pretrained, save_pretrained, to_hf  # noqa: E402
+from minimind_lib.model.hf import (  # noqa: E402
+    from_hf,
+    from_pretrained,
+    load_pretrained,
+    save_pretrained,
+    to_hf,
+)
 
 BASE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
@@ -148,3 +154,88 @@ def test_attention_maps_equal_llama_eager_attentions():
     # probabilities in [0, 1] from the same fp32 ops: rounding only
     torch.testing.assert_close(maps, ref, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
+
+
+# --- MiniMind-3: QK-norm, the pi width, Qwen3's layout -------------------------------------
+
+
+def test_presets_have_minimind_parameter_counts():
+    from minimind_lib.model import preset
+
+    counts = {"minimind2-small": 25_829_888, "minimind2": 104_030_976,
+              "minimind2-moe": 145_029_760, "minimind-3": 63_912_192}
+    for name, count in counts.items():
+        with torch.device("meta"):
+            assert MiniMindForCausalLM(preset(name)).num_parameters() == count, name
+    m3 = preset("minimind-3")
+    assert (m3.intermediate_size, m3.head_dim, m3.rms_norm_eps) == (2432, 96, 1e-6)
+    with pytest.raises(ValueError, match="unknown preset 'minimind-4'; presets: minimind2-small"):
+        preset("minimind-4")
+
+
+def _minimind3(seed: int = 0, **overrides) -> MiniMindForCausalLM:
+    """A small MiniMind-3 (QK-norm) with norm weights moved off 1, so the norms matter."""
+    config = MiniMindConfig(**{"hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "qk_norm": True, "intermediate_rule": "pi",
+                               "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+                               **overrides})
+    model = make_model(config, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("head_dim", [None, 32])  # the quotient, and one Qwen3 allows beside it
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_minimind3_gives_qwen3s_logits(head_dim, attn):
+    from transformers import Qwen3ForCausalLM
+
+    ours = _minimind3(head_dim=head_dim)
+    theirs = to_hf(ours, attn)
+    assert isinstance(theirs, Qwen3ForCausalLM) and theirs.config.head_dim == ours.config.head_dim
+    ids = torch.randint(0, ours.config.vocab_size, (2, 19),
+                        generator=torch.Generator().manual_seed(1))
+    for training in (False, True):  # dropout 0: train mode computes the same
+        ours.train(training)
+        theirs.train(training)
+        # tolerance: the same fp32 ops in the same order; 1e-5 allows SDPA's kernel choice
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=0, atol=1e-5)
+    back = from_hf(theirs)
+    assert back.config.qk_norm and back.config.head_dim == ours.config.head_dim
+    torch.testing.assert_close(back.eval()(ids).logits, ours.eval()(ids).logits, rtol=0, atol=0)
+
+
+def test_load_pretrained_reads_minimind3_as_qwen3_folder_and_pth(tmp_path):
+    ours = _minimind3().eval()
+    ids = torch.randint(0, ours.config.vocab_size, (1, 12),
+                        generator=torch.Generator().manual_seed(2))
+    want = ours(ids).logits
+    to_hf(ours).save_pretrained(tmp_path / "qwen3")  # MiniMind's own export format
+    folder = load_pretrained(tmp_path / "qwen3")
+    assert folder.config.qk_norm and folder.config.rms_norm_eps == 1e-6
+    torch.testing.assert_close(folder(ids).logits, want, rtol=0, atol=0)
+    torch.save(ours.state_dict(), tmp_path / "minimind3.pth")  # MiniMind's trainer output
+    pth = load_pretrained(tmp_path / "minimind3.pth")  # heads and head_dim off the shapes
+    assert pth.config.qk_norm and pth.config.head_dim == 16 and pth.config.intermediate_size == 256
+    torch.testing.assert_close(pth(ids).logits, want, rtol=0, atol=0)
+
+
+def test_minimind3_config_json_and_minimind2s_unchanged(tmp_path):
+    from minimind_lib.course.profiles import get_profile, override
+    from minimind_lib.model.checkpoint import load_model, save_model
+
+    assert set(MiniMindConfig().to_dict()).isdisjoint({"qk_norm", "head_dim",
+                                                        "intermediate_rule"})
+    model = _minimind3(head_dim=32)
+    save_model(model, tmp_path / "m3")
+    saved = json.loads((tmp_path / "m3" / "config.json").read_text())
+    assert saved["qk_norm"] is True and saved["head_dim"] == 32
+    assert saved["intermediate_rule"] == "pi"
+    loaded = load_model(tmp_path / "m3")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
+    wider = override(get_profile("smoke"), {"model.hidden_size": "128"}).model
+    assert wider.head_dim == 128 // wider.num_attention_heads  # derived again, not kept at 16

@@ -413,6 +413,10 @@ def override(profile: Profile, values: Mapping[str, object]) -> Profile:
         obj, new = sections[section], changes.pop(section)
         if section == "model" and "hidden_size" in new and "intermediate_size" not in new:
             new["intermediate_size"] = None  # derived again from the new width
+        if (section == "model" and {"hidden_size", "num_attention_heads"} & set(new)
+                and "head_dim" not in new and obj.head_dim * obj.num_attention_heads
+                == obj.hidden_size):
+            new["head_dim"] = None  # it was the quotient: it is again
         try:
             sections[section] = replace(obj, **new)
         except (TypeError, ValueError) as e:

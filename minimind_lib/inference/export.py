@@ -125,6 +125,7 @@ def check_gguf_exportable(config: MiniMindConfig, source: str) -> None:
         "use_moe": (getattr(config, "use_moe", False), False),
         "position_encoding": (getattr(config, "position_encoding", "rope"), "rope"),
         "rope_scaling": (getattr(config, "rope_scaling", None), None),
+        "qk_norm": (getattr(config, "qk_norm", False), False),  # MiniMind-3: llama.cpp's qwen3
     }
     for field, (value, plain) in unsupported.items():
         if value != plain:

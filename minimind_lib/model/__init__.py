@@ -8,7 +8,9 @@
 * ``decoder``: the block, ``MiniMindForCausalLM``, the loss (``IGNORE_INDEX``), generation;
 * ``sampling``: temperature, top-k and top-p;
 * ``checkpoint``: model folders and training checkpoints; ``quantize``: int8 weight-only layers;
-* ``hf``: to and from ``transformers`` (``to_hf``, ``from_hf``, ``load_pretrained``).
+* ``hf``: to and from ``transformers`` (``to_hf``, ``from_hf``, ``load_pretrained``): Llama for
+  MiniMind2, Qwen3 for MiniMind-3;
+* ``presets``: MiniMind's released sizes (``preset("minimind-3")``).
 
 >>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
 >>> MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2)).num_parameters()
@@ -18,5 +20,7 @@
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import IGNORE_INDEX, MiniMindForCausalLM
 from minimind_lib.model.positions import alibi_slopes
+from minimind_lib.model.presets import PRESETS, preset
 
-__all__ = ["IGNORE_INDEX", "MiniMindConfig", "MiniMindForCausalLM", "alibi_slopes"]
+__all__ = ["IGNORE_INDEX", "PRESETS", "MiniMindConfig", "MiniMindForCausalLM", "alibi_slopes",
+           "preset"]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minimind_lib.model.config import MiniMindConfig
+from minimind_lib.model.layers import RMSNorm
 from minimind_lib.model.positions import alibi_bias, alibi_slopes, apply_rope
 
 
@@ -69,6 +70,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(c, self.n_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * d, c, bias=False)
+        # MiniMind-3 / Qwen3: an RMSNorm over each head's query and key, before RoPE
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.resid_dropout = nn.Dropout(config.dropout)
         self.position_encoding = config.position_encoding
         if self.position_encoding == "alibi":
@@ -108,6 +112,8 @@ class Attention(nn.Module):
         # k and v: (B, Hkv, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:  # over D, each head and position on its own
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.position_encoding != "rope":
             return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v

@@ -1,16 +1,26 @@
 """``MiniMindConfig``: every size and option of the model, with MiniMind's own field names, and
 the checks that name a bad field before anything is allocated (notebook 03).
 
-``intermediate_size`` left ``None`` is MiniMind's rule, ``64 * ceil(int(hidden * 8 / 3) / 64)``:
+``intermediate_size`` left ``None`` follows ``intermediate_rule``: MiniMind2's
+``64 * ceil(int(hidden * 8 / 3) / 64)``, or MiniMind-3's ``64 * ceil(hidden * pi / 64)``:
 
 >>> MiniMindConfig(hidden_size=512).intermediate_size
 1408
+>>> MiniMindConfig(hidden_size=768, intermediate_rule="pi").intermediate_size
+2432
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+
+#: How ``intermediate_size=None`` is derived from ``hidden_size``: MiniMind2's SwiGLU 8/3 width
+#: (``int(hidden * 8 / 3)``) or MiniMind-3's pi width, each rounded up to a multiple of 64
+INTERMEDIATE_RULES = ("8/3", "pi")
+#: The fields MiniMind-3 added, at the values that leave a MiniMind2 model as it was: a
+#: MiniMind2 model's ``config.json`` (and so its stage fingerprint) stays without them
+_MINIMIND3_DEFAULTS = {"qk_norm": False, "intermediate_rule": "8/3"}
 
 #: The ways a model can know where a token is (``MiniMindConfig.position_encoding``): rotary
 #: embeddings (Su et al. 2021), linear attention biases (Press et al. 2022), or nothing at
@@ -39,6 +49,11 @@ class MiniMindConfig:
     ``intermediate_size``, of which a softmax router picks ``num_experts_per_tok`` per
     token, plus ``n_shared_experts`` that every token passes through; ``aux_loss_alpha``
     weighs the load-balancing loss, per sequence when ``seq_aux`` (``MoEFeedForward``).
+
+    MiniMind-3 (notebook 03; Qwen3's layout): ``qk_norm`` puts an RMSNorm over each head's
+    query and key before RoPE (``self_attn.q_norm`` / ``k_norm``), ``head_dim`` may differ
+    from ``hidden_size / num_attention_heads`` (None: that quotient), ``intermediate_rule``
+    "pi" derives the FFN width as MiniMind-3 does; ``preset("minimind-3")`` sets them.
 
     Positions (notebook 12): ``position_encoding`` is "rope", "alibi" or "none";
     ``rope_scaling`` (RoPE only) is None or a dict with a "type" ("linear", "ntk" or "yarn")
@@ -94,6 +109,10 @@ class MiniMindConfig:
     # positions
     rope_scaling: dict | None = None
     position_encoding: str = "rope"
+    # MiniMind-3 (Qwen3's layout)
+    qk_norm: bool = False
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    intermediate_rule: str = "8/3"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -109,11 +128,15 @@ class MiniMindConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.intermediate_size is not None and self.intermediate_size <= 0:
             raise ValueError(f"intermediate_size must be positive, got {self.intermediate_size}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        elif self.head_dim <= 0:
+            raise ValueError(f"head_dim must be positive, got {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
@@ -123,8 +146,13 @@ class MiniMindConfig:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.intermediate_rule not in INTERMEDIATE_RULES:
+            raise ValueError(f"intermediate_rule must be one of {', '.join(INTERMEDIATE_RULES)}, "
+                             f"got {self.intermediate_rule!r}")
         if self.intermediate_size is None:
-            self.intermediate_size = 64 * math.ceil(int(self.hidden_size * 8 / 3) / 64)
+            width = (int(self.hidden_size * 8 / 3) if self.intermediate_rule == "8/3"
+                     else self.hidden_size * math.pi)
+            self.intermediate_size = 64 * math.ceil(width / 64)
         self._check_moe()
         self._check_positions()
 
@@ -154,13 +182,21 @@ class MiniMindConfig:
                              f"{self.position_encoding!r}")
         self.rope_scaling = checked_rope_scaling(self.rope_scaling)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def to_dict(self) -> dict:
-        """The fields as one flat dict (what ``config.json`` holds)."""
-        return asdict(self)
+        """The fields as one flat dict (what ``config.json`` holds). MiniMind-3's fields are
+        left out while a model does not use them (``qk_norm`` off, the 8/3 rule, ``head_dim``
+        the quotient), so a MiniMind2 model's ``config.json`` is what it always was.
+
+        >>> sorted(set(MiniMindConfig(qk_norm=True).to_dict()) - set(MiniMindConfig().to_dict()))
+        ['qk_norm']
+        """
+        d = asdict(self)
+        for name, plain in _MINIMIND3_DEFAULTS.items():
+            if d[name] == plain:
+                del d[name]
+        if d["head_dim"] * self.num_attention_heads == self.hidden_size:
+            del d["head_dim"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> MiniMindConfig:

@@ -385,6 +385,8 @@ def model_size(config: MiniMindConfig) -> tuple[int, int]:
         experts = config.n_routed_experts + config.n_shared_experts
         ffn = ffn * experts + config.n_routed_experts * c
     layer = 2 * c + c * q + 2 * c * kv + q * c + ffn  # two norms, q k v o, the feed-forward
+    if config.qk_norm:
+        layer += 2 * d  # q_norm, k_norm
     embeddings = config.vocab_size * c * (1 if config.tie_word_embeddings else 2)
     params = embeddings + config.num_hidden_layers * layer + c  # + the final norm
     tables = {"rope": 2 * config.max_position_embeddings * d,  # cos and sin, (P, D) each

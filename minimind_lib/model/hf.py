@@ -93,10 +93,25 @@ def _rope_parameters(config: MiniMindConfig) -> dict:
 
 
 def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
-    """The ``transformers.LlamaConfig`` describing the same network as ``config``."""
-    from transformers import LlamaConfig
+    """The ``transformers`` config describing the same network as ``config``: a
+    ``Qwen3Config`` for a MiniMind-3 model (QK-norm; how MiniMind exports it), else a
+    ``LlamaConfig`` (how MiniMind exports MiniMind2)."""
+    from transformers import LlamaConfig, Qwen3Config
 
     check_hf_exportable(config)
+    if config.qk_norm:
+        return Qwen3Config(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+            hidden_act="silu", max_position_embeddings=config.max_position_embeddings,
+            rms_norm_eps=config.rms_norm_eps, rope_parameters=_rope_parameters(config),
+            tie_word_embeddings=config.tie_word_embeddings, attention_dropout=config.dropout,
+            attention_bias=False, use_sliding_window=False, sliding_window=None,
+            pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+            attn_implementation=attn_implementation)
 
     return LlamaConfig(
         vocab_size=config.vocab_size,
@@ -123,16 +138,18 @@ def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
 
 
 def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):
-    """A ``transformers.LlamaForCausalLM`` with ``model``'s weights (identical logits).
+    """A ``transformers.LlamaForCausalLM`` (MiniMind2) or ``Qwen3ForCausalLM`` (MiniMind-3:
+    ``qk_norm``) with ``model``'s weights (identical logits; the parameter names are the same).
 
     ``attn_implementation`` is "sdpa" or "eager" (HF's manual path).  Dropout inside the
     residual stream has no Llama equivalent, so ``model.config.dropout`` must be 0 for
     training-mode equality (eval mode is always equal).  Configs a Llama cannot express
     raise ValueError (``check_hf_exportable``).
     """
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
-    hf_model = LlamaForCausalLM(hf_config(model.config, attn_implementation))
+    architecture = Qwen3ForCausalLM if model.config.qk_norm else LlamaForCausalLM
+    hf_model = architecture(hf_config(model.config, attn_implementation))
     _check_same_rope(model.config, hf_model)
     hf_model.load_state_dict(model.state_dict(), strict=True)
     dtype = next(model.parameters()).dtype
@@ -181,20 +198,26 @@ def _rope_scaling_from_hf(c) -> dict | None:
 
 
 def from_hf(hf_model) -> MiniMindForCausalLM:
-    """A ``MiniMindForCausalLM`` with the weights of a ``transformers.LlamaForCausalLM``.
+    """A ``MiniMindForCausalLM`` with the weights of a ``transformers.LlamaForCausalLM``, or of
+    a ``Qwen3ForCausalLM`` (MiniMind-3: QK-norm, any ``head_dim``).
 
-    Llama variants MiniMind cannot express (biases, another activation, a head_dim that
-    is not hidden/heads, RoPE scaling other than "linear" or "yarn") raise ValueError naming
-    the setting.
+    Variants MiniMind cannot express (biases, another activation, a Llama head_dim that is not
+    hidden/heads, Qwen3's sliding window, RoPE scaling other than "linear" or "yarn") raise
+    ValueError naming the setting.
     """
     c = hf_model.config
+    qwen3 = c.model_type == "qwen3"
+    if c.model_type not in ("llama", "qwen3"):
+        raise ValueError(f"cannot convert model_type {c.model_type!r} (llama or qwen3)")
     rope = dict(c.rope_parameters or {})
     unsupported = {
         "attention_bias": (getattr(c, "attention_bias", False), False),
         "mlp_bias": (getattr(c, "mlp_bias", False), False),
         "hidden_act": (c.hidden_act, "silu"),
-        "head_dim": (c.head_dim, c.hidden_size // c.num_attention_heads),
+        "use_sliding_window": (getattr(c, "use_sliding_window", False), False),
     }
+    if not qwen3:
+        unsupported["head_dim"] = (c.head_dim, c.hidden_size // c.num_attention_heads)
     for name, (value, wanted) in unsupported.items():
         if value != wanted:
             raise ValueError(f"cannot convert Llama config: {name}={value!r} "
@@ -212,6 +235,8 @@ def from_hf(hf_model) -> MiniMindForCausalLM:
         dropout=float(c.attention_dropout),
         tie_word_embeddings=bool(c.tie_word_embeddings),
         rope_scaling=_rope_scaling_from_hf(c),
+        qk_norm=qwen3,
+        head_dim=c.head_dim,
     )
     hf_weight = hf_model.lm_head.weight
     model = MiniMindForCausalLM(config).to(dtype=hf_weight.dtype, device=hf_weight.device)
@@ -333,6 +358,8 @@ _NOT_WEIGHTS = ("rotary_emb.inv_freq", "freqs_cos", "freqs_sin")
 _HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                    "num_key_value_heads", "intermediate_size", "max_position_embeddings",
                    "rms_norm_eps", "tie_word_embeddings")
+#: the tensor a MiniMind-3 (QK-norm) state dict has and a MiniMind2 one has not
+_QK_NORM = "model.layers.0.self_attn.q_norm.weight"
 #: MiniMind's MoE fields (its ``model_type: minimind`` config.json uses the same names as ours)
 _MOE_KEYS = ("use_moe", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
              "scoring_func", "aux_loss_alpha", "seq_aux", "norm_topk_prob")
@@ -395,9 +422,9 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
     hf = read_json(folder / CONFIG_FILE)
-    if hf.get("model_type") not in ("llama", "minimind"):
+    if hf.get("model_type") not in ("llama", "minimind", "qwen3"):
         raise ValueError(f"{folder / CONFIG_FILE}: model_type {hf.get('model_type')!r} is not "
-                         "a Llama-style model MiniMind can load (llama, minimind)")
+                         "a model MiniMind can load (llama, qwen3, minimind)")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ValueError(f"{folder / CONFIG_FILE}: scaled RoPE {rope} is not supported")
@@ -407,7 +434,12 @@ def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
                if (folder / n).is_file()]
     if not weights:
         raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")
-    return _build(MiniMindConfig(**fields_), _load_tensors(weights[0]), str(weights[0]))
+    tensors = _load_tensors(weights[0])
+    # MiniMind-3: Qwen3's layout, or MiniMind's own folder holding its q_norm / k_norm
+    fields_["qk_norm"] = hf["model_type"] == "qwen3" or _QK_NORM in tensors
+    if fields_["qk_norm"] and hf.get("head_dim") is not None:
+        fields_["head_dim"] = hf["head_dim"]
+    return _build(MiniMindConfig(**fields_), tensors, str(weights[0]))
 
 
 def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
@@ -423,8 +455,13 @@ def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
                         + "gate_proj.weight"].shape[0]
     except (KeyError, ValueError) as e:
         raise ValueError(f"{source}: not a MiniMind / Llama state dict (missing {e})") from None
-    values = {**MINIMIND_DEFAULTS, **moe, **overrides}
-    head_dim = q_out // values["num_attention_heads"]
+    minimind3 = {}
+    if _QK_NORM in tensors:  # MiniMind-3: QK-norm, eps 1e-6; the norm's width is the head's
+        head = tensors[_QK_NORM].shape[0]  # so the heads are counted, not assumed
+        minimind3 = {"qk_norm": True, "head_dim": head, "num_attention_heads": q_out // head,
+                     "rms_norm_eps": 1e-6}
+    values = {**MINIMIND_DEFAULTS, **minimind3, **moe, **overrides}
+    head_dim = values.get("head_dim") or q_out // values["num_attention_heads"]
     tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"],
                                                          tensors["model.embed_tokens.weight"])
     config = MiniMindConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,

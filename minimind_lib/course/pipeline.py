@@ -62,19 +62,29 @@ def stages_in_all() -> list[Stage]:
     return [s for s in STAGES.values() if s.in_all]
 
 
+def with_prerequisites(stages: list[str]) -> list[Stage]:
+    """``stages`` and every stage they require, directly or not, each once.
+
+    >>> [s.name for s in with_prerequisites(["dpo"])]
+    ['dpo', 'tokenizer', 'sft', 'pretrain']
+    """
+    todo, seen = list(stages), {}
+    while todo:
+        st = get_stage(todo.pop(0))
+        if st.name not in seen:
+            seen[st.name] = st
+            todo += st.requires
+    return list(seen.values())
+
+
 def check_data(stages: list[str], profile: Profile) -> None:
     """Raise ``FileNotFoundError`` (naming the profile and the ``download`` command) when a file
     that ``stages`` or their prerequisites read is missing; before anything starts."""
-    todo, seen = list(stages), set()
-    while todo:
-        st = get_stage(todo.pop())
-        if st.name not in seen:
-            seen.add(st.name)
-            todo += st.requires
-            try:
-                st.inputs(profile)
-            except FileNotFoundError as e:
-                raise FileNotFoundError(f"profile {profile.name}: {e}") from None
+    for st in with_prerequisites(stages):
+        try:
+            st.inputs(profile)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"profile {profile.name}: {e}") from None
 
 
 def check_memory(stages: list[str], profile: Profile, device: str | None = None) -> None:
@@ -84,13 +94,7 @@ def check_memory(stages: list[str], profile: Profile, device: str | None = None)
     the settings that size it, so an absurd ``--set model.hidden_size=...`` is never
     allocated."""
     target = pick_device(device)
-    todo, seen = list(stages), set()
-    while todo:
-        st = get_stage(todo.pop())
-        if st.name in seen:
-            continue
-        seen.add(st.name)
-        todo += st.requires
+    for st in with_prerequisites(stages):
         settings = st.settings_in(profile)
         if not isinstance(settings, TrainSettings):
             continue

@@ -15,7 +15,7 @@ from torch import nn
 
 from minimind_lib.core.atomic import atomic_write_text
 from minimind_lib.core.checked_files import read_json
-from minimind_lib.core.filenames import EVAL_FILE, MARKER_FILE, METRICS_FILE
+from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE
 from minimind_lib.course.profiles import Profile
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.evaluation.model_eval import ModelEval, evaluate_model
@@ -41,10 +41,11 @@ def domain_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,
     return ModelEval({**base.tasks, **domain}, base.perplexity, base.bits_per_byte)
 
 
-def stored_eval(model_dir: str | Path, per_task: int) -> ModelEval | None:
+def stored_eval(model_dir: str | Path, per_task: int,
+                stage: str | None = None) -> ModelEval | None:
     """The held-out record a model folder carries of itself, when its ``eval.json`` scored
-    ``per_task`` questions a task: the entry named by its ``stage.json`` (a stage folder; e.g.
-    ``sft`` in ``runs/cpu/sft``), or the only entry of a folder without one
+    ``per_task`` questions a task: the entry of ``stage`` (a stage folder's own stage, from its
+    ``stage.json``; e.g. ``sft`` in ``runs/cpu/sft``), or with ``stage`` None the only entry
     (``data/reference/sft``). Otherwise None: measure it.
 
     >>> import tempfile
@@ -59,11 +60,9 @@ def stored_eval(model_dir: str | Path, per_task: int) -> ModelEval | None:
         return None
     stored = read_json(path)
     models = stored.get("models", {})
-    marker = Path(model_dir) / MARKER_FILE
-    if marker.is_file():
-        name = read_json(marker).get("stage")
-    else:
-        name = next(iter(models)) if len(models) == 1 else None
+    name = stage
+    if name is None and len(models) == 1:
+        name = next(iter(models))
     if stored.get("per_task") != per_task or name not in models:
         return None
     return ModelEval.from_dict(models[name])

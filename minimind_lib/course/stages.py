@@ -376,11 +376,17 @@ def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
     return train_set, {task: asdict(c) for task, c in counts.items()}
 
 
+def _stored_start_eval(ctx: StageContext) -> ModelEval | None:
+    """The starting model's own held-out record (``stage_eval.stored_eval``: the entry of the
+    stage its ``stage.json`` names), when it scored the same questions; else None."""
+    start = ctx.start_dir()
+    return stored_eval(start, ctx.profile.eval_per_task, (read_marker(start) or {}).get("stage"))
+
+
 def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
                 tokenizer: BPETokenizer) -> ModelEval:
-    """The starting model's held-out record: its folder's own (``stage_eval.stored_eval``)
-    when that scored the same questions, else measured now."""
-    return (stored_eval(ctx.start_dir(), ctx.profile.eval_per_task)
+    """The starting model's held-out record: the stored one, else measured now."""
+    return (_stored_start_eval(ctx)
             or profile_eval(model, tokenizer, ctx.profile, ctx.progress))
 
 
@@ -544,8 +550,7 @@ def lora_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.lora
     tokenizer, start = ctx.tokenizer(), ctx.start_dir()
     model = load_model(start)
-    before = domain_eval(model, tokenizer, profile, stored_eval(start, profile.eval_per_task),
-                         ctx.progress)
+    before = domain_eval(model, tokenizer, profile, _stored_start_eval(ctx), ctx.progress)
     seed_everything(profile.seed)  # the adapters' random A: the same run, the same start
     adapted = add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
                        target_modules=settings.target_modules)

@@ -30,7 +30,7 @@ from typing import TextIO
 import torch
 from torch import nn
 
-from minimind_lib.core.device import MAX_SEED
+from minimind_lib.core.device import check_seed
 from minimind_lib.model.sampling import sampling_problem
 from minimind_lib.tokenizer.bpe import BPETokenizer, text_problem
 from minimind_lib.tokenizer.chat import encode_chat
@@ -52,8 +52,9 @@ class SamplingError(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick the next tokens (see ``model.sampling.sample_next_token``); ``seed`` (0 ..
-    ``MAX_SEED``) makes a sampled answer repeatable, ``temperature=0`` is greedy (and so is any
-    temperature below ``model.sampling.MIN_TEMPERATURE``). A bad value raises ``SamplingError``.
+    ``core.device.MAX_SEED``) makes a sampled answer repeatable, ``temperature=0`` is greedy
+    (and so is any temperature below ``model.sampling.MIN_TEMPERATURE``). A bad value raises
+    ``SamplingError``.
 
     >>> try:
     ...     SamplingParams(seed=2**32)
@@ -78,9 +79,11 @@ class SamplingParams:
         problem = sampling_problem(self.temperature, self.top_k, self.top_p)
         if problem:
             raise SamplingError(*problem)
-        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
-            raise SamplingError("seed", f"seed must be an integer in [0, {MAX_SEED}], "
-                                        f"got {self.seed!r}")
+        if self.seed is not None:
+            try:
+                check_seed(self.seed)
+            except ValueError as e:
+                raise SamplingError("seed", str(e)) from None
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -99,21 +99,7 @@ def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
     from transformers import LlamaConfig, Qwen3Config
 
     check_hf_exportable(config)
-    if config.qk_norm:
-        return Qwen3Config(
-            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_hidden_layers=config.num_hidden_layers,
-            num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
-            hidden_act="silu", max_position_embeddings=config.max_position_embeddings,
-            rms_norm_eps=config.rms_norm_eps, rope_parameters=_rope_parameters(config),
-            tie_word_embeddings=config.tie_word_embeddings, attention_dropout=config.dropout,
-            attention_bias=False, use_sliding_window=False, sliding_window=None,
-            pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-            attn_implementation=attn_implementation)
-
-    return LlamaConfig(
+    shared = dict(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -123,18 +109,20 @@ def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
         head_dim=config.head_dim,
         hidden_act="silu",
         max_position_embeddings=config.max_position_embeddings,
-        # subtle: these three defaults differ between Llama and MiniMind
+        # subtle: these three defaults differ between Llama / Qwen3 and MiniMind
         rms_norm_eps=config.rms_norm_eps,
         rope_parameters=_rope_parameters(config),
         tie_word_embeddings=config.tie_word_embeddings,
         attention_dropout=config.dropout,
         attention_bias=False,
-        mlp_bias=False,
         pad_token_id=PAD_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         attn_implementation=attn_implementation,
     )
+    if config.qk_norm:  # Qwen3 has the q/k norms, and a sliding window MiniMind-3 does not use
+        return Qwen3Config(**shared, use_sliding_window=False, sliding_window=None)
+    return LlamaConfig(**shared, mlp_bias=False)
 
 
 def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):

@@ -259,14 +259,20 @@ def test_bodies_and_prompts_over_the_limits_get_413(model, tok):
         assert limit < 20_000  # 128 positions x the longest token's bytes
 
 
-def test_tokenising_runs_off_the_event_loop(server, monkeypatch):
-    threads = []
+def record_threads(monkeypatch, module, name):
+    """Replace ``module.name`` by a wrapper noting the thread of every call; the list of names."""
+    threads, real = [], getattr(module, name)
 
-    def recording_encode_chat(*args, **kwargs):
+    def recording(*args, **kwargs):
         threads.append(threading.current_thread().name)
-        return encode_chat(*args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(serve_app, "encode_chat", recording_encode_chat)
+    monkeypatch.setattr(module, name, recording)
+    return threads
+
+
+def test_tokenising_runs_off_the_event_loop(server, monkeypatch):
+    threads = record_threads(monkeypatch, serve_app, "encode_chat")
     r = httpx.post(server.url + CHAT, json={"messages": user("hi"), "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and len(threads) == 1
     assert threads[0] != "uvicorn"  # BackgroundServer's event loop runs on that thread
@@ -776,15 +782,9 @@ def test_pictures_are_decoded_off_the_event_loop(vlm_folder, monkeypatch):
     import base64
 
     from minimind_lib.inference.loading import load_for_serving
-    from minimind_lib.vision.pictures import data_url, image_from_data_url
+    from minimind_lib.vision.pictures import data_url
 
-    threads = []
-
-    def recording(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return image_from_data_url(*args, **kwargs)
-
-    monkeypatch.setattr(serve_app, "image_from_data_url", recording)
+    threads = record_threads(monkeypatch, serve_app, "image_from_data_url")
     vlm, tokenizer = load_for_serving(vlm_folder, "cpu")
     url = data_url(torch.zeros(64, 64, 3, dtype=torch.uint8).numpy())
     assert base64.b64decode(url.split(",")[1])[:4] == b"\x89PNG"

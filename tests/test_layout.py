@@ -166,9 +166,11 @@ def test_special_token_strings_live_in_the_tokenizer_only():
     """``tokenizer.special`` defines them, beside the chat template (Jinja text, which cannot
     name a Python constant) that spells them."""
     from minimind_lib.tokenizer import SPECIAL_TOKENS
+    from minimind_lib.tokenizer.special import TOOL_AND_THINK_TOKENS
 
+    markers = SPECIAL_TOKENS + TOOL_AND_THINK_TOKENS
     holders = {name for name in MODULES
-               if any(tok in s for s in _code_strings(_tree(name)) for tok in SPECIAL_TOKENS)}
+               if any(tok in s for s in _code_strings(_tree(name)) for tok in markers)}
     assert holders == {"tokenizer.special"}, holders
 
 

@@ -1,6 +1,9 @@
 """SFT conversations as training examples (notebook 05): ``sft_example`` renders the chat
-template and labels only the assistant's content and its ``<|im_end|>`` (everything else is
+template and labels only the assistant's replies and their ``<|im_end|>`` (everything else is
 ``IGNORE_INDEX``), ``SFTDataset`` reads jsonl files into such examples, ``pad_sft_batch`` pads.
+
+Under MiniMind-3's template (``template="minimind-3"``) a reply is its think block, content and
+tool calls; tool responses, like user turns, are never supervised.
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from tqdm.auto import tqdm
 
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat import chat_parts
+from minimind_lib.tokenizer.chat import chat_parts, marker_id
+from minimind_lib.tokenizer.chat3 import minimind3_pieces
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 
 # --- SFT: ChatML conversations with answer-only labels (notebook 05) ---------------------
 
-def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
+def sft_segments(messages: Sequence[dict],
+                 template: str = "minimind2") -> list[tuple[str, bool, bool]]:
     """The rendered conversation (``apply_chat_template``) as ``(text, is_special, supervised)``
     pieces: the assistant's content and the ``<|im_end|>`` closing its turn are supervised;
-    system and user turns, role markers and newlines are not.
+    system and user turns, role markers and newlines are not. Under ``template="minimind-3"``
+    the pieces are ``minimind3_pieces``' (think block and tool calls supervised too).
 
     >>> for seg in sft_segments([{"role": "user", "content": "1+1?"},
     ...                          {"role": "assistant", "content": "2"}])[4:]:
@@ -38,8 +44,10 @@ def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
     ('<|im_end|>', True, True)
     ('\\n', False, False)
     """
+    if template == "minimind-3":
+        return minimind3_pieces(messages)
     segments: list[tuple[str, bool, bool]] = []
-    parts = chat_parts(messages)
+    parts = chat_parts(messages, template=template)
     in_reply = False
     for k, (text, special) in enumerate(parts):
         if special:
@@ -59,19 +67,20 @@ def sft_segments(messages: Sequence[dict]) -> list[tuple[str, bool, bool]]:
 
 
 def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]],
-              encoded: Iterator[list[int]], seq_len: int) -> tuple[list[int], list[int]]:
+              encoded: Iterator[list[int]], seq_len: int,
+              template: str = "minimind2") -> tuple[list[int], list[int]]:
     """Join segment ids (``encoded`` holds the non-special ones, in order) and their labels."""
     ids: list[int] = []
     labels: list[int] = []
     for text, special, supervised in segments:
-        piece = [tokenizer.token_to_id(text)] if special else next(encoded)
+        piece = [marker_id(tokenizer, text, template)] if special else next(encoded)
         ids += piece
         labels += piece if supervised else [IGNORE_INDEX] * len(piece)
     return ids[:seq_len], labels[:seq_len]
 
 
-def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict],
-                seq_len: int) -> tuple[list[int], list[int]]:
+def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
+                template: str = "minimind2") -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` of one conversation, cut to ``seq_len`` tokens.
 
     ``input_ids`` is the ChatML rendering; ``labels`` equals it on the assistant's content
@@ -92,17 +101,19 @@ def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict],
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
-    segments = sft_segments(messages)
+    segments = sft_segments(messages, template)
     encoded = (tokenizer.encode(t, allowed_special=set()) for t, special, _ in segments
                if not special)
-    return _assemble(tokenizer, segments, encoded, seq_len)
+    return _assemble(tokenizer, segments, encoded, seq_len, template)
 
 
 class SFTDataset(Dataset):
     """Conversations as ``sft_example``s, for ``train(..., collate_fn=dataset.collate)``.
 
     ``answer_only=False`` puts the loss on every token instead (the notebook's ablation);
-    the examples kept are the same either way. Examples whose truncation to ``seq_len``
+    the examples kept are the same either way. ``template`` is the chat format
+    (``sft_segments``); MiniMind's tool-use and thinking records need ``"minimind-3"`` and a
+    tokenizer that reserves its markers. Examples whose truncation to ``seq_len``
     leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
     once, in batches through ``BPETokenizer.encode_batch`` (the fast path, identical ids); ids
     live in one flat array.
@@ -120,7 +131,7 @@ class SFTDataset(Dataset):
 
     def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int, *,
                  answer_only: bool = True, max_examples: int | None = None,
-                 chunk_size: int = 2048, progress: bool = True):
+                 chunk_size: int = 2048, progress: bool = True, template: str = "minimind2"):
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         self.seq_len, self.answer_only = seq_len, answer_only
@@ -134,11 +145,11 @@ class SFTDataset(Dataset):
         bar = tqdm(total=max_examples, unit="chat", desc="tokenise SFT", disable=not progress)
         records = iter(itertools.islice(records, max_examples))
         while chunk := list(itertools.islice(records, chunk_size)):
-            all_segments = [sft_segments(r["conversations"]) for r in chunk]
+            all_segments = [sft_segments(r["conversations"], template) for r in chunk]
             texts = [t for segs in all_segments for t, special, _ in segs if not special]
             encoded = iter(tokenizer.encode_batch(texts, allowed_special=set()))
             for segments in all_segments:
-                ids, labels = _assemble(tokenizer, segments, encoded, seq_len)
+                ids, labels = _assemble(tokenizer, segments, encoded, seq_len, template)
                 supervised = np.asarray(labels) != IGNORE_INDEX  # (L,)
                 if not supervised.any():
                     self.skipped += 1

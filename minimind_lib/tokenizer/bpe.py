@@ -396,6 +396,22 @@ class BPETokenizer:
         tmp.replace(path)  # atomic: never a half-written tokenizer.json
         return path
 
+    def add_special_tokens(self, tokens: Sequence[str]) -> BPETokenizer:
+        """A copy with ``tokens`` reserved as special ids after the last one (those it has
+        already are kept where they are), as ``transformers``' ``add_special_tokens`` does.
+
+        >>> tok = load_tokenizer().add_special_tokens(["<think>", "</think>"])
+        >>> len(tok), tok.encode("<think>")
+        (6402, [6400])
+        """
+        new = [t for t in dict.fromkeys(tokens) if t not in self.vocab]
+        if not all(isinstance(t, str) and t for t in new):
+            raise ValueError(f"special tokens must be non-empty strings, got {list(tokens)!r}")
+        added = [AddedToken(t, len(self) + k) for k, t in enumerate(new)]
+        return BPETokenizer(self._model_vocab, self.merges, self.added_tokens + added,
+                            add_prefix_space=self.add_prefix_space, use_regex=self.use_regex,
+                            ignore_merges=self.ignore_merges, cache_size=self._cache_size)
+
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write a ``transformers.AutoTokenizer`` folder: tokenizer.json, tokenizer_config.json
         (MiniMind's settings and ChatML ``chat_template``) and special_tokens_map.json."""

@@ -1,6 +1,13 @@
-"""The chat template (notebooks 01 and 05): MiniMind2's ChatML rendered as text
-(``apply_chat_template``) or as ids whose role markers are special ids while message content is
-never parsed for special tokens (``encode_chat``).
+"""The chat templates (notebooks 01 and 05), rendered as text (``apply_chat_template``) or as
+ids whose markers are special ids while message content is never parsed for special tokens
+(``encode_chat``):
+
+* ``"minimind2"``: MiniMind2's ChatML (a default system turn when none is given), the course
+  model's format;
+* ``"minimind-3"``: MiniMind-3's (``tools`` in the system turn, ``<tool_call>`` JSON per call,
+  tool results as ``<tool_response>`` user turns, a ``<think>`` block opening every reply),
+  rendered exactly as its ``tokenizer_config.json`` template renders through ``transformers``
+  (``minimind_lib.tokenizer.chat3`` holds it).
 """
 
 from __future__ import annotations
@@ -11,15 +18,34 @@ from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.special import DEFAULT_SYSTEM_PROMPT, IM_END, IM_START
 
 CHAT_ROLES = ("system", "user", "assistant")
+#: The templates by name; the first is the course model's (``template=`` picks another).
+CHAT_TEMPLATES = ("minimind2", "minimind-3")
 
 
-def chat_parts(messages: Sequence[dict],
-               add_generation_prompt: bool = False) -> list[tuple[str, bool]]:
+def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False, *,
+               tools: Sequence[dict] | None = None, open_thinking: bool = False,
+               template: str = "minimind2") -> list[tuple[str, bool]]:
     """The rendered conversation as ``(text, is_special_marker)`` parts.
+
+    ``tools`` and ``open_thinking`` belong to MiniMind-3's template (MiniMind2's has neither).
 
     >>> chat_parts([{"role": "user", "content": "hi"}], add_generation_prompt=True)[-3:]
     [('\\n', False), ('<|im_start|>', True), ('assistant\\n', False)]
+    >>> chat_parts([{"role": "user", "content": "hi"}], True, template="minimind-3")[-4:]
+    [('<think>', True), ('\\n\\n', False), ('</think>', True), ('\\n\\n', False)]
     """
+    if template == "minimind-3":
+        from minimind_lib.tokenizer.chat3 import minimind3_pieces
+
+        pieces = minimind3_pieces(messages, add_generation_prompt, tools=tools,
+                                  open_thinking=open_thinking)
+        return [(text, special) for text, special, _ in pieces]
+    if template != "minimind2":
+        raise ValueError(f"unknown chat template {template!r}; choose one of "
+                         f"{', '.join(CHAT_TEMPLATES)}")
+    if tools or open_thinking:
+        raise ValueError("MiniMind2's chat template has no tools and no thinking; use "
+                         "template='minimind-3'")
     if not messages:
         raise ValueError("a conversation needs at least one message")
     for i, m in enumerate(messages):
@@ -39,8 +65,11 @@ def chat_parts(messages: Sequence[dict],
     return parts
 
 
-def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
-    """Render ``messages`` in MiniMind2's ChatML (default system message when none).
+def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = False, *,
+                        tools: Sequence[dict] | None = None, open_thinking: bool = False,
+                        template: str = "minimind2") -> str:
+    """Render ``messages`` in ``template``: MiniMind2's ChatML (default system message when
+    none), or MiniMind-3's with ``tools`` and ``open_thinking``.
 
     >>> print(apply_chat_template([{"role": "user", "content": "你好"}],
     ...                           add_generation_prompt=True))
@@ -50,14 +79,24 @@ def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = 
     你好<|im_end|>
     <|im_start|>assistant
     <BLANKLINE>
+    >>> print(apply_chat_template([{"role": "user", "content": "你好"}], True,
+    ...                           template="minimind-3", open_thinking=True))
+    <|im_start|>user
+    你好<|im_end|>
+    <|im_start|>assistant
+    <think>
+    <BLANKLINE>
     """
-    return "".join(text for text, _ in chat_parts(messages, add_generation_prompt))
+    return "".join(text for text, _ in chat_parts(messages, add_generation_prompt, tools=tools,
+                                                  open_thinking=open_thinking, template=template))
 
 
 def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
-                add_generation_prompt: bool = False) -> list[int]:
-    """Ids of the rendered chat: role markers are special ids, and message content is
-    never parsed for special tokens, so typed ``<|im_end|>`` text cannot forge a turn.
+                add_generation_prompt: bool = False, *, tools: Sequence[dict] | None = None,
+                open_thinking: bool = False, template: str = "minimind2") -> list[int]:
+    """Ids of the rendered chat: markers are special ids, and message content is never
+    parsed for special tokens, so typed ``<|im_end|>`` text cannot forge a turn. A marker the
+    tokenizer lacks (MiniMind-3's ``<think>`` in a MiniMind2 tokenizer) is an error naming it.
 
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer
     >>> tok = load_tokenizer()
@@ -66,7 +105,23 @@ def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
     2
     """
     ids: list[int] = []
-    for text, special in chat_parts(messages, add_generation_prompt):
-        ids += ([tokenizer.token_to_id(text)] if special
+    for text, special in chat_parts(messages, add_generation_prompt, tools=tools,
+                                    open_thinking=open_thinking, template=template):
+        ids += ([marker_id(tokenizer, text, template)] if special
                 else tokenizer.encode(text, allowed_special=set()))
     return ids
+
+
+def marker_id(tokenizer: BPETokenizer, marker: str, template: str = "minimind2") -> int:
+    """The special id of a template marker; an error naming the marker when it has none.
+
+    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
+    >>> marker_id(load_tokenizer(), "<|im_end|>")
+    2
+    """
+    if marker not in tokenizer.special_tokens:
+        raise ValueError(f"this tokenizer has no special token {marker!r}, which the "
+                         f"{template} chat template needs as one id (its special tokens: "
+                         f"{', '.join(tokenizer.special_tokens)}); use a tokenizer that "
+                         "reserves it (add_special_tokens) or another template")
+    return tokenizer.token_to_id(marker)

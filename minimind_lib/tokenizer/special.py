@@ -1,5 +1,6 @@
-"""The special tokens (ids 0, 1, 2) and MiniMind2's Jinja chat template that spells them: the
-only home of these strings in the library (``tests/test_layout.py`` checks it).
+"""The special tokens (ids 0, 1, 2), MiniMind-3's tool and thinking markers, and MiniMind2's
+Jinja chat template that spells them: the only home of these strings in the library
+(``tests/test_layout.py`` checks it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,13 @@ IM_START = "<|im_start|>"  # opens a chat turn: <|im_start|>role\ncontent<|im_en
 IM_END = "<|im_end|>"  # closes a chat turn: the chat model's stop token
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END]
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant"
+
+#: MiniMind-3's markers (its ids 21-26): one id each in a tokenizer that reserves them.
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # wrap one JSON call in a reply
+TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"  # wrap a tool's result
+THINK, THINK_END = "<think>", "</think>"  # wrap the reasoning that opens every MiniMind-3 reply
+TOOL_AND_THINK_TOKENS = [TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END, THINK,
+                         THINK_END]
 
 #: MiniMind2's Jinja chat template (its tool-calling branch left out), saved in
 #: tokenizer_config.json so ``transformers``' ``apply_chat_template`` renders the same text.

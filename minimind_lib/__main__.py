@@ -293,12 +293,19 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def add_download_arguments(parser: argparse.ArgumentParser) -> None:
+    from minimind_lib.core.download import DATA_FILE_SETS, MODELS
+
     parser.add_argument("what", choices=("data", "model"),
-                        help="data: MiniMind's pretrain_hq/sft_mini_512/dpo jsonl; "
-                             "model: MiniMind2-Small (transformers Llama folder)")
+                        help="data: MiniMind's jsonl datasets (--files); model: a released "
+                             "model as a transformers folder (--name)")
+    parser.add_argument("--files", nargs="+", default=None, metavar="SET|NAME",
+                        help=f"data: a set ({', '.join(DATA_FILE_SETS)}; default mini = "
+                             "pretrain_t2t_mini, sft_t2t_mini, dpo, rlaif) or file names")
+    parser.add_argument("--name", default=None, choices=list(MODELS),
+                        help="model: which one (default MiniMind2-Small)")
     parser.add_argument("--to", default=None, metavar="DIR",
                         help="target folder (default: $MINIMIND_DATA_DIR or data/minimind/ for "
-                             "data, data/minimind/MiniMind2-Small for the model)")
+                             "data, data/minimind/<name> for a model)")
     parser.add_argument("--source", choices=("huggingface", "modelscope"), default="huggingface")
     parser.add_argument("--repo", default=None, help="another repo id to fetch the same way")
 
@@ -306,7 +313,10 @@ def add_download_arguments(parser: argparse.ArgumentParser) -> None:
 def run_download(args: argparse.Namespace) -> int:
     from minimind_lib.core.download import download
 
-    folder = download(args.what, args.to, source=args.source, repo_id=args.repo)
+    if args.files and args.what != "data" or args.name and args.what != "model":
+        raise ValueError("--files goes with `download data`, --name with `download model`")
+    folder = download(args.what, args.to, source=args.source, repo_id=args.repo,
+                      files=args.files, model=args.name)
     if args.what == "data":
         print(f"done: use it with MINIMIND_DATA_DIR={folder} (the full profile looks in "
               "data/minimind/ by default)")

@@ -71,13 +71,114 @@ def test_empty_file_is_an_error(tmp_path):
 def test_missing_file_and_unknown_schema(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         list(read_jsonl(tmp_path / "nope.jsonl", "sft"))
-    with pytest.raises(ValueError, match="pretrain, sft, dpo"):
+    with pytest.raises(ValueError, match="pretrain, sft, dpo, rl, agent_rl"):
         list(read_jsonl(tmp_path / "nope.jsonl", "chat"))
 
 
 def test_minimind_data_dir(tmp_path, monkeypatch):
+    """MiniMind-3's quick file first, then its full one, then MiniMind2's (legacy, still read)."""
     monkeypatch.setenv("MINIMIND_DATA_DIR", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="has no sft_mini_512.jsonl"):
+    with pytest.raises(FileNotFoundError, match="has no sft_t2t_mini.jsonl or sft_t2t.jsonl or "
+                                                "sft_mini_512.jsonl.*download data"):
         dataset_files("sft")
-    (tmp_path / "sft_mini_512.jsonl").write_text('{"conversations": []}\n')
-    assert dataset_files("sft") == [tmp_path / "sft_mini_512.jsonl"]
+    for name in ("sft_mini_512.jsonl", "sft_t2t.jsonl", "sft_t2t_mini.jsonl"):
+        (tmp_path / name).write_text('{"conversations": []}\n')
+        assert dataset_files("sft") == [tmp_path / name]
+    with pytest.raises(FileNotFoundError, match="has no agent_rl.jsonl or agent_rl_math.jsonl"):
+        dataset_files("agent_rl")
+    monkeypatch.delenv("MINIMIND_DATA_DIR")
+    with pytest.raises(FileNotFoundError, match="bundles no rl file.*rlaif.jsonl"):
+        dataset_files("rl")
+
+
+# --- MiniMind-3's current formats (its README, April 2026) -------------------------------------
+
+TOOLS = [{"type": "function", "function": {
+    "name": "translate_text", "description": "Translate text",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"},
+                                                    "target_language": {"type": "string"}}}}}]
+#: MiniMind's documented tool-use SFT line, with a real tools list where its README has "[...]"
+MINIMIND_TOOL_SFT = {"conversations": [
+    {"role": "system", "content": "# Tools ...", "tools": json.dumps(TOOLS, ensure_ascii=False)},
+    {"role": "user", "content": "把'你好世界'翻译成english"},
+    {"role": "assistant", "content": "",
+     "tool_calls": "[{\"name\":\"translate_text\",\"arguments\":{\"text\":\"你好世界\","
+                   "\"target_language\":\"english\"}}]"},
+    {"role": "tool", "content": "{\"translated_text\":\"Hello World\"}"},
+    {"role": "assistant", "content": "Hello World"}]}
+MINIMIND_LINES = {
+    "sft": [{"conversations": [{"role": "user", "content": "你好"},
+                               {"role": "assistant", "content": "你好！"},
+                               {"role": "user", "content": "再见"},
+                               {"role": "assistant", "content": "再见！"}]},
+            MINIMIND_TOOL_SFT,
+            {"conversations": [  # OpenAI's nesting, arguments as a JSON string, content null
+                {"role": "system", "content": "", "tools": TOOLS},
+                {"role": "user", "content": "translate 你好"},
+                {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "call_1", "type": "function", "function": {
+                        "name": "translate_text", "arguments": "{\"text\": \"你好\"}"}}]},
+                {"role": "tool", "content": "hello"}, {"role": "tool", "content": "hi"},
+                {"role": "assistant", "reasoning_content": "two results agree",
+                 "content": "hello"}]},
+            {"conversations": [{"role": "user", "content": "1+1?"},
+                               {"role": "assistant", "content": "<think>\n1+1=2\n</think>\n\n2"}]}],
+    "dpo": [{"chosen": [{"content": "Q", "role": "user"},
+                        {"content": "good answer", "role": "assistant"}],
+             "rejected": [{"content": "Q", "role": "user"},
+                          {"content": "bad answer", "role": "assistant"}]}],
+    "rl": [{"conversations": [{"role": "user", "content": "请解释一下什么是光合作用？"},
+                              {"role": "assistant", "content": "无"}]},
+           {"conversations": [{"role": "user", "content": "hi"},
+                              {"role": "assistant", "content": ""}]}],
+    "agent_rl": [{"conversations": [MINIMIND_TOOL_SFT["conversations"][0],
+                                    {"role": "user", "content": "256 * 37 = ?"},
+                                    {"role": "assistant", "content": ""}], "gt": ["9472"]},
+                 {"conversations": [{"role": "user", "content": "2+2"},
+                                    {"role": "assistant", "content": ""}], "gt": [4, "four"]}],
+}
+
+
+@pytest.mark.parametrize("schema", list(MINIMIND_LINES))
+def test_minimind_documented_lines_read(tmp_path, schema):
+    path = write(tmp_path, MINIMIND_LINES[schema])
+    assert list(read_jsonl(path, schema)) == MINIMIND_LINES[schema]
+
+
+def _tool_line(**change):
+    line = json.loads(json.dumps(MINIMIND_TOOL_SFT))
+    for index, patch in change.items():
+        line["conversations"][int(index[1:])].update(patch)
+    return line
+
+
+@pytest.mark.parametrize(("schema", "bad", "message"), [
+    ("sft", _tool_line(m2={"tool_calls": "[{\"name\": \"f\""}),
+     r"conversations\[2\]\.tool_calls is a string but not valid JSON"),
+    ("sft", _tool_line(m2={"tool_calls": [{"name": "f", "arguments": 3}]}),
+     r"conversations\[2\]\.tool_calls\[0\]\.arguments must be an object or a JSON string"),
+    ("sft", _tool_line(m2={"tool_calls": [{"function": {"arguments": {}}}]}),
+     r"conversations\[2\]\.tool_calls\[0\]\.function\.name must be a non-empty string"),
+    ("sft", _tool_line(m0={"tools": "{\"name\": \"f\"}"}),
+     r"conversations\[0\]\.tools must be a list of tool objects"),
+    ("sft", _tool_line(m3={"content": ["x"]}), r"conversations\[3\]\.content must be a string"),
+    ("sft", json.dumps(_tool_line(m4={"reasoning_content": "\ud800"})),  # an escape in JSON
+     r"conversations\[4\]\.reasoning_content holds a lone surrogate"),
+    ("rl", {"conversations": [{"role": "user", "content": "q"}]}, "no assistant message"),
+    ("rl", {"conversations": [{"role": "assistant", "content": ""},
+                              {"role": "user", "content": "q"}]},
+     "must end with the assistant turn the policy samples"),
+    ("rl", {"conversations": [{"role": "assistant", "content": ""}]}, "no prompt before"),
+    ("agent_rl", {"conversations": [{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": ""}]},
+     "field 'gt' is missing"),
+    ("agent_rl", {"conversations": [{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": ""}], "gt": "9472"},
+     "field 'gt' must be a list of strings or numbers"),
+])
+def test_bad_current_format_lines_name_line_and_field(tmp_path, schema, bad, message):
+    good = MINIMIND_LINES[schema][0]
+    records = read_jsonl(write(tmp_path, [good, bad]), schema)
+    assert next(records) == good
+    with pytest.raises(DataFormatError, match=rf"x\.jsonl:2: .*{message}"):
+        list(records)

@@ -140,23 +140,65 @@ def _hub_cache(root: Path, repo: str, repo_type: str, files: dict[str, bytes]) -
         target.write_bytes(content)
 
 
+def _minimind_files() -> dict[str, bytes]:
+    """Small files in exactly MiniMind's current formats: bundled lines with the course's
+    extra keys dropped, and MiniMind's documented tool-use SFT line."""
+    from minimind_lib import DATA_DIR
+    from tests.test_data_validation import MINIMIND_LINES
+
+    def jsonl(records) -> bytes:
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+
+    def head(name, n):
+        with open(DATA_DIR / name, encoding="utf-8") as f:
+            return [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+
+    texts = [{"text": r["text"]} for r in head("pretrain_sample.jsonl", 400)]
+    chats = [{"conversations": r["conversations"]} for r in head("sft_sample.jsonl", 200)]
+    return {"pretrain_t2t_mini.jsonl": jsonl(texts),
+            "sft_t2t_mini.jsonl": jsonl(MINIMIND_LINES["sft"] + chats),
+            "dpo.jsonl": jsonl(MINIMIND_LINES["dpo"]), "rlaif.jsonl": jsonl(MINIMIND_LINES["rl"]),
+            "agent_rl.jsonl": jsonl(MINIMIND_LINES["agent_rl"]),
+            "agent_rl_math.jsonl": jsonl(MINIMIND_LINES["agent_rl"][1:])}
+
+
 def test_download_data_offline_from_the_hub_cache(tmp_path, monkeypatch, capsys):
-    files = {"pretrain_hq.jsonl": b'{"text": "hello"}\n',
-             "sft_mini_512.jsonl": b'{"conversations": [{"role": "user", "content": "hi"}, '
-                                   b'{"role": "assistant", "content": "yo"}]}\n',
-             "dpo.jsonl": b"{}\n"}
+    """MiniMind's current file names through a local hub cache: the quick set by default, a set
+    or names by --files; then pretrain and sft train on what came (smoke budgets)."""
+    files = _minimind_files()
     _hub_cache(tmp_path / "hub", "jingyaogong/minimind_dataset", "dataset", files)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert main(["download", "data", "--to", str(tmp_path / "data")]) == 0
+    data = tmp_path / "data"
+    assert main(["download", "data", "--to", str(data)]) == 0
     out = capsys.readouterr().out
-    assert "3 file(s)" in out and "local hub cache" in out and "MINIMIND_DATA_DIR=" in out
+    assert "4 file(s)" in out and "local hub cache" in out and "MINIMIND_DATA_DIR=" in out
+    assert sorted(p.name for p in data.iterdir()) == [
+        "dpo.jsonl", "pretrain_t2t_mini.jsonl", "rlaif.jsonl", "sft_t2t_mini.jsonl"]
+    assert main(["download", "data", "--files", "agent", "--to", str(data)]) == 0
+    one = str(tmp_path / "one")
+    assert main(["download", "data", "--files", "agent_rl_math", "--to", one]) == 0
+    assert [p.name for p in (tmp_path / "one").iterdir()] == ["agent_rl_math.jsonl"]
     for name, content in files.items():
-        assert (tmp_path / "data" / name).read_bytes() == content
-    (tmp_path / "hub" / "datasets--jingyaogong--minimind_dataset" / "snapshots").rename(
-        tmp_path / "gone")
-    assert main(["download", "data", "--to", str(tmp_path / "data2")]) == 1
-    assert "not in the local hub cache" in capsys.readouterr().err
+        assert (data / name).read_bytes() == content
+    capsys.readouterr()
+    assert main(["download", "data", "--files", "minimind2", "--to", str(tmp_path / "old")]) == 1
+    assert "pretrain_hq.jsonl, sft_mini_512.jsonl of jingyaogong/minimind_dataset not in the " \
+           "local hub cache" in capsys.readouterr().err
+    assert main(["download", "data", "--files", "sft_512"]) == 1
+    assert "unknown data file(s) sft_512.jsonl" in capsys.readouterr().err
+    assert main(["download", "model", "--files", "mini"]) == 1
+
+    monkeypatch.setenv("MINIMIND_DATA_DIR", str(data))
+    runs = tmp_path / "runs"
+    assert main(["sft", "--profile", "smoke", "--out", str(runs), "--set", "pretrain.max_steps=4",
+                 "--set", "sft.max_steps=4", "--set", "eval_per_task=2"]) == 0
+    sft = json.loads((runs / "sft" / "stage.json").read_text())["summary"]
+    # 204 lines: the 200 bundled chats, the plain and inline-think MiniMind lines... and the
+    # two tool-use lines, which MiniMind2's template (the course model's) cannot express
+    assert sft["unrenderable"] == 2 and sft["examples"] + sft["skipped"] == 202
+    pretrain = json.loads((runs / "pretrain" / "stage.json").read_text())
+    assert pretrain["summary"]["steps"] == 4
 
 
 def test_download_model_offline_then_load_it(tmp_path, monkeypatch):

@@ -1,15 +1,18 @@
 """Fetch MiniMind's datasets and weights: the one place the course touches the network.
 
-``python -m minimind_lib download data|model [--to DIR] [--source huggingface|modelscope]``
-runs it, on purpose; nothing else downloads. What it fetches:
+``python -m minimind_lib download data|model [--files SET|NAME...] [--name MODEL] [--to DIR]
+[--source huggingface|modelscope]`` runs it, on purpose; nothing else downloads. What it fetches:
 
-* ``data``: MiniMind's ``pretrain_hq.jsonl``, ``sft_mini_512.jsonl`` and ``dpo.jsonl`` from the
-  dataset repo ``jingyaogong/minimind_dataset`` (ModelScope: ``gongjy/minimind_dataset``) into
-  ``--to`` (default ``$MINIMIND_DATA_DIR``, else ``data/minimind/``), where the ``full``
-  profile (and any profile, with ``MINIMIND_DATA_DIR`` set) finds them;
-* ``model``: MiniMind2-Small as MiniMind exports it (a ``transformers`` Llama folder:
-  ``jingyaogong/MiniMind2-Small``; ModelScope ``gongjy/MiniMind2-Small``) into ``--to``
-  (default ``data/minimind/MiniMind2-Small``), for ``hf.load_pretrained``.
+* ``data``: files of MiniMind's dataset repo ``jingyaogong/minimind_dataset`` (ModelScope:
+  ``gongjy/minimind_dataset``) into ``--to`` (default ``$MINIMIND_DATA_DIR``, else
+  ``data/minimind/``), where the ``full`` profile (and any profile, with ``MINIMIND_DATA_DIR``
+  set) finds them. ``--files`` picks a set of ``DATA_FILE_SETS`` (default ``mini``: MiniMind's
+  quick ``pretrain_t2t_mini``, ``sft_t2t_mini``, ``dpo`` and ``rlaif``) or names files;
+  ``minimind2`` is the set MiniMind2 was trained on (``pretrain_hq``, ``sft_mini_512``), which
+  MiniMind's dataset page no longer lists;
+* ``model``: a released model as MiniMind exports it (a ``transformers`` folder) into ``--to``
+  (default ``data/minimind/<name>``), for ``hf.load_pretrained``: ``--name MiniMind2-Small``
+  (default; Llama), ``minimind-3`` or ``minimind-3-moe`` (Qwen3 / Qwen3-MoE).
 
 The sizes are shown before anything starts; interrupted downloads resume (``huggingface_hub``
 keeps partial files beside the target). With ``HF_HUB_OFFLINE=1`` the files come from the
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from minimind_lib import DATA_DIR
@@ -29,8 +32,27 @@ from minimind_lib.core.device import human_bytes
 
 # --- where the data lives -------------------------------------------------------------
 
-#: MiniMind's own file names, used when ``$MINIMIND_DATA_DIR`` points at them.
-MINIMIND_FILES = {"pretrain": "pretrain_hq.jsonl", "sft": "sft_mini_512.jsonl", "dpo": "dpo.jsonl"}
+#: MiniMind's own file names for each kind of record, in the order a data folder is searched:
+#: MiniMind-3's quick file, its full one, then MiniMind2's (still read when present).
+MINIMIND_FILES = {
+    "pretrain": ("pretrain_t2t_mini.jsonl", "pretrain_t2t.jsonl", "pretrain_hq.jsonl"),
+    "sft": ("sft_t2t_mini.jsonl", "sft_t2t.jsonl", "sft_mini_512.jsonl"),
+    "dpo": ("dpo.jsonl",),
+    "rl": ("rlaif.jsonl",),
+    "agent_rl": ("agent_rl.jsonl", "agent_rl_math.jsonl"),
+}
+#: ``download data --files`` sets (MiniMind's dataset page, April 2026: sizes there are
+#: 1.2 GB, 10 GB, 1.6 GB, 14 GB, 53 MB, 24 MB, 86 MB and 18 MB in this order).
+CURRENT_DATA_FILES = ("pretrain_t2t_mini.jsonl", "pretrain_t2t.jsonl", "sft_t2t_mini.jsonl",
+                      "sft_t2t.jsonl", "dpo.jsonl", "rlaif.jsonl", "agent_rl.jsonl",
+                      "agent_rl_math.jsonl")
+DATA_FILE_SETS = {
+    "mini": ("pretrain_t2t_mini.jsonl", "sft_t2t_mini.jsonl", "dpo.jsonl", "rlaif.jsonl"),
+    "full": ("pretrain_t2t.jsonl", "sft_t2t.jsonl", "dpo.jsonl", "rlaif.jsonl"),
+    "agent": ("agent_rl.jsonl", "agent_rl_math.jsonl"),
+    "all": CURRENT_DATA_FILES,
+    "minimind2": ("pretrain_hq.jsonl", "sft_mini_512.jsonl", "dpo.jsonl"),
+}
 #: Where ``python -m minimind_lib download data`` puts MiniMind's files by default.
 DOWNLOAD_DIR = DATA_DIR / "minimind"
 
@@ -48,14 +70,42 @@ class Artifact:
     default_dir: Path
 
 
+def _model(name: str) -> Artifact:
+    return Artifact("model", {"huggingface": f"jingyaogong/{name}",
+                              "modelscope": f"gongjy/{name}"}, "model", None, DOWNLOAD_DIR / name)
+
+
 ARTIFACTS = {
     "data": Artifact("data", {"huggingface": "jingyaogong/minimind_dataset",
                               "modelscope": "gongjy/minimind_dataset"},
-                     "dataset", tuple(MINIMIND_FILES.values()), DOWNLOAD_DIR),
-    "model": Artifact("model", {"huggingface": "jingyaogong/MiniMind2-Small",
-                                "modelscope": "gongjy/MiniMind2-Small"},
-                      "model", None, DOWNLOAD_DIR / "MiniMind2-Small"),
+                     "dataset", DATA_FILE_SETS["mini"], DOWNLOAD_DIR),
+    "model": _model("MiniMind2-Small"),
 }
+#: ``download model --name``: MiniMind's released transformers folders (the MiniMind-3 repos
+#: follow MiniMind's README; no network here to check the -moe one's name).
+MODELS = {name: _model(name) for name in ("MiniMind2-Small", "minimind-3", "minimind-3-moe")}
+
+
+def data_files(choice: Sequence[str] | None) -> tuple[str, ...]:
+    """The file names ``--files`` asks for: one set name, or file names (``.jsonl`` optional).
+
+    >>> data_files(None)
+    ('pretrain_t2t_mini.jsonl', 'sft_t2t_mini.jsonl', 'dpo.jsonl', 'rlaif.jsonl')
+    >>> data_files(["agent"]), data_files(["dpo", "rlaif.jsonl"])
+    (('agent_rl.jsonl', 'agent_rl_math.jsonl'), ('dpo.jsonl', 'rlaif.jsonl'))
+    """
+    if not choice:
+        return DATA_FILE_SETS["mini"]
+    if len(choice) == 1 and choice[0] in DATA_FILE_SETS:
+        return DATA_FILE_SETS[choice[0]]
+    known = set(CURRENT_DATA_FILES) | set(DATA_FILE_SETS["minimind2"])
+    names = [n if n.endswith(".jsonl") else n + ".jsonl" for n in choice]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown data file(s) {', '.join(unknown)}: choose a set "
+                         f"({', '.join(DATA_FILE_SETS)}) or names among "
+                         f"{', '.join(n.removesuffix('.jsonl') for n in sorted(known))}")
+    return tuple(dict.fromkeys(names))
 
 
 class DownloadError(OSError):
@@ -123,13 +173,22 @@ def remote_sizes(artifact: Artifact, repo_id: str) -> dict[str, int]:
 
 
 def download(name: str, to: str | os.PathLike | None = None, *, source: str = "huggingface",
-             repo_id: str | None = None, say: Callable[[str], None] = print) -> Path:
-    """Fetch artifact ``name`` ("data" or "model") into ``to``; the folder it is in."""
+             repo_id: str | None = None, files: Sequence[str] | None = None,
+             model: str | None = None, say: Callable[[str], None] = print) -> Path:
+    """Fetch artifact ``name`` ("data" or "model") into ``to``; the folder it is in.
+    ``files`` (data: a set or names, ``data_files``) and ``model`` (a ``MODELS`` name) choose
+    what."""
     if name not in ARTIFACTS:
         raise ValueError(f"unknown download {name!r}; choose one of {', '.join(ARTIFACTS)}")
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     artifact = ARTIFACTS[name]
+    if name == "data" and files:
+        artifact = replace(artifact, files=data_files(files))
+    if name == "model" and model is not None:
+        if model not in MODELS:
+            raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+        artifact = replace(MODELS[model], default_dir=artifact.default_dir.parent / model)
     dest = Path(to) if to is not None else default_dir(artifact)
     repo_id = repo_id or artifact.repos[source]
     if source == "modelscope":

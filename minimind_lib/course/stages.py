@@ -300,7 +300,7 @@ def sft_stage(ctx: StageContext) -> dict:
     write_eval(ctx.out_dir, profile.eval_per_task, evals)
     print(eval_report(evals))
     return {**training_summary(run.rows), "examples": run.examples,
-            "skipped": run.skipped, "eval": EVAL_FILE,
+            "skipped": run.skipped, "unrenderable": run.unrenderable, "eval": EVAL_FILE,
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
             "perplexity": {n: e.perplexity for n, e in evals.items()}}
 

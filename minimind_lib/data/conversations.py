@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat import chat_parts, marker_id
+from minimind_lib.tokenizer.chat import TemplateMismatch, chat_parts, marker_id
 from minimind_lib.tokenizer.chat3 import minimind3_pieces
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 
@@ -113,7 +113,8 @@ class SFTDataset(Dataset):
     ``answer_only=False`` puts the loss on every token instead (the notebook's ablation);
     the examples kept are the same either way. ``template`` is the chat format
     (``sft_segments``); MiniMind's tool-use and thinking records need ``"minimind-3"`` and a
-    tokenizer that reserves its markers. Examples whose truncation to ``seq_len``
+    tokenizer that reserves its markers; under MiniMind2's they are skipped and counted in
+    ``unrenderable``. Examples whose truncation to ``seq_len``
     leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
     once, in batches through ``BPETokenizer.encode_batch`` (the fast path, identical ids); ids
     live in one flat array.
@@ -139,13 +140,19 @@ class SFTDataset(Dataset):
         # 2 bytes per id when the vocabulary fits (MiniMind's 6,400 does): half of int32
         id_dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
         self.skipped = 0
+        self.unrenderable = 0  # records the template cannot express (tools under MiniMind2's)
         ids_parts: list[np.ndarray] = []
         mask_parts: list[np.ndarray] = []
         lengths: list[int] = []
         bar = tqdm(total=max_examples, unit="chat", desc="tokenise SFT", disable=not progress)
         records = iter(itertools.islice(records, max_examples))
         while chunk := list(itertools.islice(records, chunk_size)):
-            all_segments = [sft_segments(r["conversations"], template) for r in chunk]
+            all_segments = []
+            for record in chunk:
+                try:
+                    all_segments.append(sft_segments(record["conversations"], template))
+                except TemplateMismatch:
+                    self.unrenderable += 1
             texts = [t for segs in all_segments for t, special, _ in segs if not special]
             encoded = iter(tokenizer.encode_batch(texts, allowed_special=set()))
             for segments in all_segments:
@@ -161,7 +168,8 @@ class SFTDataset(Dataset):
         bar.close()
         if not lengths:
             raise ValueError(f"no SFT example has a supervised token within seq_len "
-                             f"{seq_len} ({self.skipped} skipped); raise seq_len")
+                             f"{seq_len} ({self.skipped} skipped, {self.unrenderable} not "
+                             f"expressible in the {template} template)")
         self._ids = np.concatenate(ids_parts)  # (total tokens,)
         self._supervised = np.concatenate(mask_parts)  # (total tokens,)
         self._offsets = np.concatenate([[0], np.cumsum(lengths)])  # (N + 1,)

@@ -1,10 +1,17 @@
-"""Data: validated readers for MiniMind's three jsonl formats (notebook 00).
+"""Data: validated readers for MiniMind's jsonl formats (notebook 00).
 
-The formats are MiniMind's own, so its real datasets drop in unchanged:
+The formats are MiniMind's own (MiniMind2's and MiniMind-3's), so its real datasets drop in
+unchanged:
 
 * ``pretrain``: ``{"text": "..."}``
-* ``sft``: ``{"conversations": [{"role": "user"|"assistant"|"system", "content": "..."}, ...]}``
+* ``sft``: ``{"conversations": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."},
+  ...]}``; a system message may carry ``tools`` and an assistant ``tool_calls`` (each a list or
+  its JSON string) and ``reasoning_content`` (``tokenizer.chat3.normalise_messages`` says how);
 * ``dpo``: ``{"chosen": [messages], "rejected": [messages]}``
+* ``rl``: RL prompts (``rlaif.jsonl``): ``conversations`` ending with the assistant turn the
+  policy samples (its content, often empty, is not used);
+* ``agent_rl``: the same plus ``gt``, the list of strings or numbers a final answer must hold
+  (``agent_rl.jsonl``, ``agent_rl_math.jsonl``).
 
 Extra keys are allowed (the bundled files carry ``"task"`` and ``"answer"`` for
 exact-match evaluation).  Anything malformed raises ``DataFormatError`` naming the
@@ -21,9 +28,9 @@ from pathlib import Path
 from minimind_lib import DATA_DIR
 from minimind_lib.core.download import MINIMIND_FILES
 from minimind_lib.tokenizer.bpe import text_problem
-from minimind_lib.tokenizer.chat import CHAT_ROLES
+from minimind_lib.tokenizer.chat3 import normalise_messages
 
-SCHEMAS = ("pretrain", "sft", "dpo")
+SCHEMAS = ("pretrain", "sft", "dpo", "rl", "agent_rl")
 
 
 class DataFormatError(ValueError):
@@ -34,7 +41,7 @@ def _check_messages(messages: object, field: str) -> str | None:
     """Return what is wrong with a message list, or None when it is valid.
 
     >>> _check_messages([{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}], "c")
-    "c[1].role is 'bot'; expected one of system, user, assistant"
+    "c[1].role is 'bot'; expected one of system, user, assistant, tool"
     """
     if not isinstance(messages, list):
         return f"field {field!r} must be a list of messages, got {type(messages).__name__}"
@@ -44,17 +51,30 @@ def _check_messages(messages: object, field: str) -> str | None:
         if not isinstance(m, dict):
             return f"{field}[{i}] must be an object with 'role' and 'content'"
         for key in ("role", "content"):
-            if key not in m:
+            if key not in m and not (key == "content" and m.get("tool_calls")):
                 return f"{field}[{i}] has no {key!r}"
-        if m["role"] not in CHAT_ROLES:
-            return f"{field}[{i}].role is {m['role']!r}; expected one of {', '.join(CHAT_ROLES)}"
-        if not isinstance(m["content"], str):
-            return f"{field}[{i}].content must be a string, got {type(m['content']).__name__}"
-        problem = text_problem(m["content"])
-        if problem:
-            return f"{field}[{i}].content {problem}"
+    try:
+        normalised, _ = normalise_messages(messages, field)
+    except ValueError as e:
+        return str(e)
+    for i, m in enumerate(normalised):
+        for key in ("content", "reasoning_content"):
+            problem = text_problem(m.get(key) or "")
+            if problem:
+                return f"{field}[{i}].{key} {problem}"
     if not any(m["role"] == "assistant" for m in messages):
         return f"field {field!r} has no assistant message (nothing to learn from)"
+    return None
+
+
+def _check_gt(record: dict) -> str | None:
+    """``gt``: the strings (or numbers) an agent's final answer must contain."""
+    if "gt" not in record:
+        return "field 'gt' is missing (the answer an agent-RL rollout is checked against)"
+    gt = record["gt"]
+    if not isinstance(gt, list) or not all(
+            isinstance(g, str | int | float) and not isinstance(g, bool) for g in gt):
+        return f"field 'gt' must be a list of strings or numbers, got {gt!r:.80}"
     return None
 
 
@@ -71,10 +91,18 @@ def validate_record(record: object, schema: str) -> str | None:
             return "field 'text' is empty"
         problem = text_problem(record["text"])
         return f"field 'text' {problem}" if problem else None
-    if schema == "sft":
+    if schema in ("sft", "rl", "agent_rl"):
         if "conversations" not in record:
             return "field 'conversations' is missing"
-        return _check_messages(record["conversations"], "conversations")
+        problem = _check_messages(record["conversations"], "conversations")
+        if problem or schema == "sft":
+            return problem
+        if record["conversations"][-1]["role"] != "assistant":
+            return ("field 'conversations' must end with the assistant turn the policy samples "
+                    f"(its content is not used), got role {record['conversations'][-1]['role']!r}")
+        if len(record["conversations"]) < 2:
+            return "field 'conversations' has no prompt before its assistant turn"
+        return _check_gt(record) if schema == "agent_rl" else None
     for key in ("chosen", "rejected"):  # dpo
         if key not in record:
             return f"field {key!r} is missing"
@@ -153,22 +181,27 @@ BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo
 def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]:
     """The jsonl files that make up the ``schema`` training set.
 
-    With ``data_dir`` (else ``$MINIMIND_DATA_DIR``) set, MiniMind's file there (an error naming
-    the ``download`` command when it is missing); otherwise the bundled sample and its CC
-    BY-SA companion when present.
+    With ``data_dir`` (else ``$MINIMIND_DATA_DIR``) set, MiniMind's file there: the first of
+    ``MINIMIND_FILES[schema]`` present (MiniMind-3's quick file, its full one, MiniMind2's), an
+    error naming the ``download`` command when none is; otherwise the bundled sample and its
+    CC BY-SA companion when present.
     """
     if schema not in SCHEMAS:
         raise ValueError(f"unknown schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
     external = data_dir or os.environ.get("MINIMIND_DATA_DIR")
     if external:
-        path = Path(external) / MINIMIND_FILES[schema]
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{external} has no {MINIMIND_FILES[schema]}: expected MiniMind's "
-                f"{', '.join(MINIMIND_FILES.values())} there; get them with `python -m "
-                f"minimind_lib download data --to {external}` (or point MINIMIND_DATA_DIR at "
-                "them, or unset it to use the bundled data)")
-        return [path]
+        for name in MINIMIND_FILES[schema]:
+            if (Path(external) / name).is_file():
+                return [Path(external) / name]
+        names = " or ".join(MINIMIND_FILES[schema])
+        raise FileNotFoundError(
+            f"{external} has no {names}: expected MiniMind's {schema} data there; get it with "
+            f"`python -m minimind_lib download data --to {external}` (or point "
+            "MINIMIND_DATA_DIR at it, or unset it to use the bundled data)")
+    if schema not in BUNDLED_FILES:
+        raise FileNotFoundError(f"the course bundles no {schema} file; download MiniMind's "
+                                f"({' or '.join(MINIMIND_FILES[schema])}) and set "
+                                "MINIMIND_DATA_DIR")
     stem = BUNDLED_FILES[schema]
     paths = [DATA_DIR / f"{stem}.jsonl", DATA_DIR / f"{stem}_cc_by_sa.jsonl"]
     return [p for p in paths if p.is_file()]

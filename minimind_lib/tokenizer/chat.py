@@ -18,6 +18,12 @@ from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.special import DEFAULT_SYSTEM_PROMPT, IM_END, IM_START
 
 CHAT_ROLES = ("system", "user", "assistant")
+
+
+class TemplateMismatch(ValueError):
+    """A valid conversation that the chosen template cannot express (a tool call in
+    MiniMind2's ChatML): datasets skip and count such records."""
+
 #: The templates by name; the first is the course model's (``template=`` picks another).
 CHAT_TEMPLATES = ("minimind2", "minimind-3")
 
@@ -49,6 +55,10 @@ def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False, *,
     if not messages:
         raise ValueError("a conversation needs at least one message")
     for i, m in enumerate(messages):
+        if isinstance(m, dict) and (m.get("role") == "tool" or any(
+                m.get(k) for k in ("tools", "tool_calls", "reasoning_content"))):
+            raise TemplateMismatch(f"messages[{i}] holds tools or thinking, which MiniMind2's "
+                                   "chat template cannot express; use template='minimind-3'")
         if (not isinstance(m, dict) or m.get("role") not in CHAT_ROLES
                 or not isinstance(m.get("content"), str)):
             raise ValueError(f"messages[{i}] must be {{'role': one of {', '.join(CHAT_ROLES)}, "

@@ -126,7 +126,7 @@ def normalise_messages(messages: Sequence[object], field: str = "messages"
                              f"{', '.join(CHAT3_ROLES)}")
         message = {"role": m["role"], "content": m.get("content")}
         calls = m.get("tool_calls")
-        if message["content"] is None and m["role"] == "assistant":
+        if message["content"] is None and m["role"] == "assistant" and calls:
             message["content"] = ""  # OpenAI's tool-calling reply has content null
         if not isinstance(message["content"], str):
             raise ValueError(f"{where}.content must be a string, got "

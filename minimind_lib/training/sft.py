@@ -75,11 +75,13 @@ def validation_dataset(tokenizer: BPETokenizer, settings: TrainSettings) -> SFTD
 @dataclass
 class SFTRun:
     """What ``train_sft`` did: the metrics rows, examples trained on, examples skipped
-    (no supervised token left after truncation)."""
+    (no supervised token left after truncation), records the chat template cannot express
+    (MiniMind's tool-use and thinking records under MiniMind2's template)."""
 
     rows: list[dict]
     examples: int
     skipped: int
+    unrenderable: int = 0
 
 
 def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: TrainSettings, *,
@@ -92,8 +94,11 @@ def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: TrainSettings
     always answer-only, so both arms of the ablation are measured alike."""
     train_set = sft_dataset(tokenizer, settings, files=files, answer_only=answer_only,
                             progress=progress)
+    if train_set.unrenderable:
+        print(f"sft: {train_set.unrenderable:,} record(s) with tools or thinking skipped: "
+              "MiniMind2's chat template, the course model's, cannot express them")
     config = TrainConfig.from_stage(settings, options, out_dir=out_dir, precision=precision,
                                     device=device, seed=seed, progress=progress)
     rows = train(model, train_set, config, eval_dataset=validation_dataset(tokenizer, settings),
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
-    return SFTRun(rows, len(train_set), train_set.skipped)
+    return SFTRun(rows, len(train_set), train_set.skipped, train_set.unrenderable)

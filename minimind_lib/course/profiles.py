@@ -9,8 +9,10 @@
   data (at most a few), capped so a big dataset still fits about half an hour on an RTX
   3060/4060 class card (``python -m minimind_lib plan --profile gpu`` shows the numbers).
 * ``full``: MiniMind2-Small with MiniMind's "Zero" recipe on MiniMind's own datasets
-  (``python -m minimind_lib download data``): one pass of pretrain_hq, two of sft_mini_512,
-  about 2 h on an RTX 3090. It refuses to start without those files.
+  (``python -m minimind_lib download data``): one pass of pretraining text, two of SFT
+  (pretrain_t2t_mini / sft_t2t_mini, or MiniMind2's pretrain_hq / sft_mini_512 where those are
+  the files present), about 2 h on an RTX 3090 for MiniMind2's. It refuses to start without
+  them.
 * ``auto`` (the default): ``gpu`` when CUDA is available, else ``cpu`` (also on Apple MPS:
   MPS trains in fp32, where the 4.6M model fits the hour; ``--profile gpu`` opts in).
 

@@ -222,6 +222,34 @@ def test_download_model_offline_then_load_it(tmp_path, monkeypatch):
         torch.testing.assert_close(loaded(ids).logits, ours(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_download_model_by_name_offline_minimind3(tmp_path, monkeypatch, capsys):
+    """``download model --name minimind-3`` from a hub cache holding a Qwen3 export (MiniMind-3's
+    format), then ``load_pretrained`` on the folder it wrote: the same logits."""
+    from minimind_lib.core import download
+    from minimind_lib.model.hf import load_pretrained, to_hf
+
+    torch.manual_seed(0)
+    ours = MiniMindForCausalLM(replace(TINY, qk_norm=True, intermediate_rule="pi",
+                                       rms_norm_eps=1e-6)).eval()
+    to_hf(ours).save_pretrained(tmp_path / "export")
+    _hub_cache(tmp_path / "hub", "jingyaogong/minimind-3", "model",
+               {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    artifact = replace(download.ARTIFACTS["model"], default_dir=tmp_path / "models" / "default")
+    monkeypatch.setitem(download.ARTIFACTS, "model", artifact)
+    assert main(["download", "model", "--name", "minimind-3"]) == 0
+    assert "jingyaogong/minimind-3:" in capsys.readouterr().out
+    folder = tmp_path / "models" / "minimind-3"
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    ids = torch.randint(0, TINY.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(load_pretrained(folder)(ids).logits, ours(ids).logits,
+                                   rtol=0, atol=1e-5)
+    with pytest.raises(SystemExit):  # argparse names the choices
+        main(["download", "model", "--name", "minimind-4"])
+
+
 # --- MiniMind's weights in our model ------------------------------------------------------------
 
 

@@ -163,7 +163,8 @@ def test_presets_have_minimind_parameter_counts():
     from minimind_lib.model import preset
 
     counts = {"minimind2-small": 25_829_888, "minimind2": 104_030_976,
-              "minimind2-moe": 145_029_760, "minimind-3": 63_912_192}
+              "minimind2-moe": 145_029_760, "minimind-3": 63_912_192,
+              "minimind-3-moe": 198_416_640}
     for name, count in counts.items():
         with torch.device("meta"):
             assert MiniMindForCausalLM(preset(name)).num_parameters() == count, name
@@ -221,6 +222,85 @@ def test_load_pretrained_reads_minimind3_as_qwen3_folder_and_pth(tmp_path):
     pth = load_pretrained(tmp_path / "minimind3.pth")  # heads and head_dim off the shapes
     assert pth.config.qk_norm and pth.config.head_dim == 16 and pth.config.intermediate_size == 256
     torch.testing.assert_close(pth(ids).logits, want, rtol=0, atol=0)
+
+
+def _minimind3_moe(top_k: int = 1, seed: int = 0) -> MiniMindForCausalLM:
+    """A small MiniMind-3-MoE (Qwen3-MoE's layer: no shared expert, the top-k renormalised)."""
+    return _minimind3(seed, use_moe=True, n_routed_experts=4, num_experts_per_tok=top_k,
+                      n_shared_experts=0, router_aux_loss_coef=5e-4, intermediate_size=96)
+
+
+def _router_logits(model: MiniMindForCausalLM, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Each MoE layer's router logits (B*T, E) for ``ids``, read off ``mlp.gate``."""
+    seen = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, a, out: seen.append(out))
+             for layer in model.model.layers]
+    try:
+        model(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def _minimind3_aux(logits: list[torch.Tensor], top_k: int, coef: float) -> torch.Tensor:
+    """MiniMind-3's load-balancing loss written out (model_minimind.py, MOEFeedForward): per
+    layer, E * sum_e (share of the batch's choices on e) * (mean probability of e), times the
+    coefficient, summed over layers."""
+    total = torch.zeros(())
+    for layer in logits:
+        scores = torch.softmax(layer.float(), dim=-1)  # (N, E)
+        chosen = scores.topk(top_k, dim=-1).indices  # (N, k)
+        load = torch.nn.functional.one_hot(chosen, scores.shape[-1]).float().mean(0)  # (k, E)
+        total = total + (load * scores.mean(0)).sum() * scores.shape[-1] * coef
+    return total
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_minimind3_moe_gives_qwen3_moes_logits_and_routing(top_k):
+    from transformers import Qwen3MoeForCausalLM
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    ours = _minimind3_moe(top_k)
+    theirs = to_hf(ours)
+    assert isinstance(theirs, Qwen3MoeForCausalLM)
+    ids = torch.randint(0, ours.config.vocab_size, (2, 19),
+                        generator=torch.Generator().manual_seed(1))
+    for training in (False, True):
+        ours.train(training)
+        theirs.train(training)
+        out = theirs(ids, output_router_logits=True)
+        torch.testing.assert_close(ours(ids).logits, out.logits, rtol=0, atol=1e-5)
+        routers = _router_logits(ours, ids)
+        for mine, hf in zip(routers, out.router_logits, strict=True):
+            torch.testing.assert_close(mine, hf, rtol=0, atol=1e-6)
+        # the aux losses: both from the same routers, each by its own definition
+        torch.testing.assert_close(out.aux_loss, load_balancing_loss_func(
+            tuple(routers), 4, top_k), rtol=1e-6, atol=0)
+        torch.testing.assert_close(ours(ids).aux_loss, _minimind3_aux(routers, top_k, 5e-4),
+                                   rtol=1e-5, atol=0)
+    back = from_hf(theirs)
+    assert back.config == ours.config
+    torch.testing.assert_close(back.eval()(ids).logits, ours.eval()(ids).logits, rtol=0, atol=0)
+
+
+def test_load_pretrained_reads_minimind3_moe_folder_and_pth(tmp_path):
+    ours = _minimind3_moe().eval()
+    ids = torch.randint(0, ours.config.vocab_size, (1, 12),
+                        generator=torch.Generator().manual_seed(2))
+    want = ours(ids).logits
+    to_hf(ours).save_pretrained(tmp_path / "qwen3_moe")
+    folder = load_pretrained(tmp_path / "qwen3_moe")
+    assert folder.config == ours.config
+    torch.testing.assert_close(folder(ids).logits, want, rtol=0, atol=0)
+    torch.save(ours.state_dict(), tmp_path / "full_sft_768_moe.pth")  # MiniMind's own names
+    pth = load_pretrained(tmp_path / "full_sft_768_moe.pth")
+    assert (pth.config.num_experts_per_tok, pth.config.router_aux_loss_coef,
+            pth.config.n_shared_experts) == (1, 5e-4, 0)
+    torch.testing.assert_close(pth(ids).logits, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="MiniMind2's MoE as a Qwen3-MoE"):
+        to_hf(make_model(MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=4, use_moe=True, qk_norm=True)))
 
 
 def test_minimind3_config_json_and_minimind2s_unchanged(tmp_path):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 INTERMEDIATE_RULES = ("8/3", "pi")
 #: The fields MiniMind-3 added, at the values that leave a MiniMind2 model as it was: a
 #: MiniMind2 model's ``config.json`` (and so its stage fingerprint) stays without them
-_MINIMIND3_DEFAULTS = {"qk_norm": False, "intermediate_rule": "8/3"}
+_MINIMIND3_DEFAULTS = {"qk_norm": False, "intermediate_rule": "8/3", "router_aux_loss_coef": None}
 
 #: The ways a model can know where a token is (``MiniMindConfig.position_encoding``): rotary
 #: embeddings (Su et al. 2021), linear attention biases (Press et al. 2022), or nothing at
@@ -49,6 +49,10 @@ class MiniMindConfig:
     ``intermediate_size``, of which a softmax router picks ``num_experts_per_tok`` per
     token, plus ``n_shared_experts`` that every token passes through; ``aux_loss_alpha``
     weighs the load-balancing loss, per sequence when ``seq_aux`` (``MoEFeedForward``).
+    MiniMind-3's MoE (Qwen3-MoE's) is the same layer with ``router_aux_loss_coef`` set: the
+    router renormalises its top-k for every k (a top-1 weight is exactly 1), and the loss is
+    the batch-level Switch loss of each layer times that coefficient (``aux_loss_alpha`` and
+    ``seq_aux`` then unused); ``preset("minimind-3-moe")``: 4 experts, top-1, none shared.
 
     MiniMind-3 (notebook 03; Qwen3's layout): ``qk_norm`` puts an RMSNorm over each head's
     query and key before RoPE (``self_attn.q_norm`` / ``k_norm``), ``head_dim`` may differ
@@ -106,6 +110,7 @@ class MiniMindConfig:
     aux_loss_alpha: float = 0.01
     seq_aux: bool = True
     norm_topk_prob: bool = True
+    router_aux_loss_coef: float | None = None  # MiniMind-3's MoE when set (MiniMind: 5e-4)
     # positions
     rope_scaling: dict | None = None
     position_encoding: str = "rope"
@@ -170,6 +175,9 @@ class MiniMindConfig:
                              "supported (as in MiniMind)")
         if self.aux_loss_alpha < 0:
             raise ValueError(f"aux_loss_alpha must be >= 0, got {self.aux_loss_alpha}")
+        if self.router_aux_loss_coef is not None and self.router_aux_loss_coef < 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got "
+                             f"{self.router_aux_loss_coef}")
 
     def _check_positions(self) -> None:
         if self.position_encoding not in POSITION_ENCODINGS:

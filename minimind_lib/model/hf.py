@@ -6,10 +6,12 @@ set explicitly: ``rms_norm_eps`` (1e-6 there, 1e-5 here), the RoPE theta (10,000
 1e6 here) and ``tie_word_embeddings`` (False there, True here).
 
 RoPE scaling (notebook 12) exports as Llama's ``rope_type`` "linear" or "yarn", and
-``to_hf`` checks that transformers builds the same frequencies.  What a Llama cannot
-express is refused with a ValueError naming the setting: MoE layers (``use_moe``; save
-those with ``checkpoint.save_model``), ALiBi or no position encoding, NTK-aware scaling
-(transformers only has the *dynamic* variant, whose base changes with the input length).
+``to_hf`` checks that transformers builds the same frequencies.  MiniMind-3 (``qk_norm``)
+exports as ``Qwen3ForCausalLM``, MiniMind-3-MoE as ``Qwen3MoeForCausalLM`` (its experts fused
+into transformers' 3-D tensors, ``fused_experts``).  What cannot be expressed is refused with a
+ValueError naming the setting: MiniMind2's MoE (shared experts; save those with
+``checkpoint.save_model``), ALiBi or no position encoding, NTK-aware scaling (transformers only
+has the *dynamic* variant, whose base changes with the input length).
 
 ``save_pretrained`` writes a folder that ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` load offline: config.json, model.safetensors and the
@@ -64,9 +66,11 @@ def check_hf_exportable(config: MiniMindConfig) -> None:
     ...
     ValueError: cannot express use_moe=True as a transformers Llama (it has one dense FFN ...
     """
-    if config.use_moe:
+    if config.use_moe and not (config.qk_norm and config.router_aux_loss_coef is not None
+                               and config.n_shared_experts == 0):
         raise ValueError("cannot express use_moe=True as a transformers Llama (it has one dense "
-                         "FFN per layer); save the model with "
+                         "FFN per layer) nor MiniMind2's MoE as a Qwen3-MoE (shared experts, "
+                         "its top-k and loss rules); save the model with "
                          "minimind_lib.model.checkpoint.save_model instead")
     if config.position_encoding != "rope":
         raise ValueError(f"cannot express position_encoding={config.position_encoding!r} as a "
@@ -120,26 +124,79 @@ def hf_config(config: MiniMindConfig, attn_implementation: str = "sdpa"):
         eos_token_id=EOS_ID,
         attn_implementation=attn_implementation,
     )
+    if config.use_moe:  # MiniMind-3-MoE: every layer sparse, experts as wide as the dense FFN
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(**shared, use_sliding_window=False, sliding_window=None,
+                              num_experts=config.n_routed_experts,
+                              num_experts_per_tok=config.num_experts_per_tok,
+                              moe_intermediate_size=config.intermediate_size,
+                              norm_topk_prob=config.norm_topk_prob,
+                              router_aux_loss_coef=config.router_aux_loss_coef,
+                              decoder_sparse_step=1, mlp_only_layers=[])
     if config.qk_norm:  # Qwen3 has the q/k norms, and a sliding window MiniMind-3 does not use
         return Qwen3Config(**shared, use_sliding_window=False, sliding_window=None)
     return LlamaConfig(**shared, mlp_bias=False)
 
 
+_EXPERT = "mlp.experts."
+
+
+def fused_experts(state: dict[str, torch.Tensor], n_experts: int) -> dict[str, torch.Tensor]:
+    """Our per-expert tensors (MiniMind-3's names: ``mlp.experts.{e}.gate_proj.weight`` ...)
+    as transformers' Qwen3-MoE holds them: ``mlp.experts.gate_up_proj`` (E, 2I, C), the gate
+    rows above the up rows, and ``mlp.experts.down_proj`` (E, C, I)."""
+    out = {k: v for k, v in state.items() if _EXPERT not in k}
+    layers = sorted({k.split(_EXPERT)[0] for k in state if _EXPERT in k})
+    for layer in layers:  # e.g. "model.layers.3."
+        def weight(e: int, proj: str, layer: str = layer) -> torch.Tensor:
+            return state[f"{layer}{_EXPERT}{e}.{proj}.weight"]
+
+        out[f"{layer}{_EXPERT}gate_up_proj"] = torch.stack(
+            [torch.cat([weight(e, "gate_proj"), weight(e, "up_proj")]) for e in range(n_experts)])
+        out[f"{layer}{_EXPERT}down_proj"] = torch.stack(
+            [weight(e, "down_proj") for e in range(n_experts)])
+    return out
+
+
+def unfused_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of ``fused_experts`` (per-expert tensors pass through unchanged)."""
+    out = {}
+    for key, value in state.items():
+        layer, _, name = key.partition(_EXPERT)
+        if name == "gate_up_proj":  # (E, 2I, C)
+            gates, ups = value.chunk(2, dim=1)  # (E, I, C) each
+            for e in range(value.shape[0]):
+                out[f"{layer}{_EXPERT}{e}.gate_proj.weight"] = gates[e]
+                out[f"{layer}{_EXPERT}{e}.up_proj.weight"] = ups[e]
+        elif name == "down_proj":  # (E, C, I)
+            for e, down in enumerate(value.unbind(0)):
+                out[f"{layer}{_EXPERT}{e}.down_proj.weight"] = down
+        else:
+            out[key] = value
+    return out
+
+
 def to_hf(model: MiniMindForCausalLM, attn_implementation: str = "sdpa"):
-    """A ``transformers.LlamaForCausalLM`` (MiniMind2) or ``Qwen3ForCausalLM`` (MiniMind-3:
-    ``qk_norm``) with ``model``'s weights (identical logits; the parameter names are the same).
+    """A ``transformers.LlamaForCausalLM`` (MiniMind2), ``Qwen3ForCausalLM`` (MiniMind-3:
+    ``qk_norm``) or ``Qwen3MoeForCausalLM`` (MiniMind-3-MoE) with ``model``'s weights
+    (identical logits; the parameter names are the same, a Qwen3-MoE's experts fused).
 
     ``attn_implementation`` is "sdpa" or "eager" (HF's manual path).  Dropout inside the
     residual stream has no Llama equivalent, so ``model.config.dropout`` must be 0 for
     training-mode equality (eval mode is always equal).  Configs a Llama cannot express
     raise ValueError (``check_hf_exportable``).
     """
-    from transformers import LlamaForCausalLM, Qwen3ForCausalLM
+    from transformers import LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
-    architecture = Qwen3ForCausalLM if model.config.qk_norm else LlamaForCausalLM
-    hf_model = architecture(hf_config(model.config, attn_implementation))
-    _check_same_rope(model.config, hf_model)
-    hf_model.load_state_dict(model.state_dict(), strict=True)
+    config = model.config
+    architecture = (Qwen3MoeForCausalLM if config.use_moe else
+                    Qwen3ForCausalLM if config.qk_norm else LlamaForCausalLM)
+    hf_model = architecture(hf_config(config, attn_implementation))
+    _check_same_rope(config, hf_model)
+    state = model.state_dict()
+    hf_model.load_state_dict(fused_experts(state, config.n_routed_experts) if config.use_moe
+                             else state, strict=True)
     dtype = next(model.parameters()).dtype
     return hf_model.to(dtype=dtype, device=model.lm_head.weight.device).train(model.training)
 
@@ -194,9 +251,10 @@ def from_hf(hf_model) -> MiniMindForCausalLM:
     ValueError naming the setting.
     """
     c = hf_model.config
-    qwen3 = c.model_type == "qwen3"
-    if c.model_type not in ("llama", "qwen3"):
-        raise ValueError(f"cannot convert model_type {c.model_type!r} (llama or qwen3)")
+    qwen3 = c.model_type in ("qwen3", "qwen3_moe")
+    if c.model_type not in ("llama", "qwen3", "qwen3_moe"):
+        raise ValueError(f"cannot convert model_type {c.model_type!r} (llama, qwen3 or "
+                         "qwen3_moe)")
     rope = dict(c.rope_parameters or {})
     unsupported = {
         "attention_bias": (getattr(c, "attention_bias", False), False),
@@ -225,11 +283,32 @@ def from_hf(hf_model) -> MiniMindForCausalLM:
         rope_scaling=_rope_scaling_from_hf(c),
         qk_norm=qwen3,
         head_dim=c.head_dim,
+        intermediate_rule="pi" if qwen3 else "8/3",  # MiniMind-3's (the width is given anyway)
+        **(_qwen3_moe_fields(c.to_dict()) if c.model_type == "qwen3_moe" else {}),
     )
     hf_weight = hf_model.lm_head.weight
     model = MiniMindForCausalLM(config).to(dtype=hf_weight.dtype, device=hf_weight.device)
-    model.load_state_dict(hf_model.state_dict(), strict=True)
+    model.load_state_dict(unfused_experts(hf_model.state_dict()), strict=True)
     return model.train(hf_model.training)
+
+
+def _qwen3_moe_fields(c: dict) -> dict[str, object]:
+    """Our MoE fields for a Qwen3-MoE config (as a dict: a config object's ``to_dict()`` or its
+    config.json); what MiniMind-3-MoE does not have is refused, naming the setting."""
+    sparse = (c.get("decoder_sparse_step", 1) == 1 and not c.get("mlp_only_layers")
+              and c.get("moe_intermediate_size") == c.get("intermediate_size"))
+    if not sparse:
+        raise ValueError("cannot convert Qwen3-MoE config: MiniMind-3-MoE makes every layer "
+                         "sparse (decoder_sparse_step 1, no mlp_only_layers) with experts as "
+                         f"wide as intermediate_size; got decoder_sparse_step="
+                         f"{c.get('decoder_sparse_step')}, mlp_only_layers="
+                         f"{c.get('mlp_only_layers')}, moe_intermediate_size="
+                         f"{c.get('moe_intermediate_size')}")
+    experts = c.get("num_experts", c.get("num_local_experts"))  # transformers 5 renamed it
+    return {"use_moe": True, "n_routed_experts": experts,
+            "num_experts_per_tok": c["num_experts_per_tok"], "n_shared_experts": 0,
+            "norm_topk_prob": bool(c.get("norm_topk_prob", True)),
+            "router_aux_loss_coef": float(c.get("router_aux_loss_coef", 5e-4))}
 
 
 def save_pretrained(
@@ -410,9 +489,9 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
     hf = read_json(folder / CONFIG_FILE)
-    if hf.get("model_type") not in ("llama", "minimind", "qwen3"):
+    if hf.get("model_type") not in ("llama", "minimind", "qwen3", "qwen3_moe"):
         raise ValueError(f"{folder / CONFIG_FILE}: model_type {hf.get('model_type')!r} is not "
-                         "a model MiniMind can load (llama, qwen3, minimind)")
+                         "a model MiniMind can load (llama, qwen3, qwen3_moe, minimind)")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ValueError(f"{folder / CONFIG_FILE}: scaled RoPE {rope} is not supported")
@@ -422,11 +501,15 @@ def _from_transformers_folder(folder: Path) -> MiniMindForCausalLM:
                if (folder / n).is_file()]
     if not weights:
         raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")
-    tensors = _load_tensors(weights[0])
+    tensors = unfused_experts(_load_tensors(weights[0]))
     # MiniMind-3: Qwen3's layout, or MiniMind's own folder holding its q_norm / k_norm
-    fields_["qk_norm"] = hf["model_type"] == "qwen3" or _QK_NORM in tensors
-    if fields_["qk_norm"] and hf.get("head_dim") is not None:
-        fields_["head_dim"] = hf["head_dim"]
+    fields_["qk_norm"] = hf["model_type"] in ("qwen3", "qwen3_moe") or _QK_NORM in tensors
+    if hf["model_type"] == "qwen3_moe":
+        fields_.update(_qwen3_moe_fields(hf))
+    if fields_["qk_norm"]:
+        fields_["intermediate_rule"] = "pi"
+        if hf.get("head_dim") is not None:
+            fields_["head_dim"] = hf["head_dim"]
     return _build(MiniMindConfig(**fields_), tensors, str(weights[0]))
 
 
@@ -447,7 +530,9 @@ def _from_state_dict(tensors: dict[str, torch.Tensor], source: str,
     if _QK_NORM in tensors:  # MiniMind-3: QK-norm, eps 1e-6; the norm's width is the head's
         head = tensors[_QK_NORM].shape[0]  # so the heads are counted, not assumed
         minimind3 = {"qk_norm": True, "head_dim": head, "num_attention_heads": q_out // head,
-                     "rms_norm_eps": 1e-6}
+                     "rms_norm_eps": 1e-6, "intermediate_rule": "pi"}
+        if moe:  # MiniMind-3-MoE's rules: top-1, Qwen3-MoE's router and loss
+            minimind3 |= {"num_experts_per_tok": 1, "router_aux_loss_coef": 5e-4}
     values = {**MINIMIND_DEFAULTS, **minimind3, **moe, **overrides}
     head_dim = values.get("head_dim") or q_out // values["num_attention_heads"]
     tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"],

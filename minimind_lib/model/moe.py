@@ -3,6 +3,11 @@
 token, and ``load_balancing_loss`` (Switch Transformer's, per sequence when ``seq_aux``) keeps
 the router from collapsing onto a few experts. ``dense_twin`` is the dense model of equal active
 parameters; ``expert_load`` counts the routing of a batch.
+
+MiniMind-3's MoE (``router_aux_loss_coef`` set; Qwen3-MoE's layer) is the same module with two
+rules changed: the top-k weights are renormalised for every k (with top-1 each token's expert
+output is taken whole: the router learns only from the auxiliary loss), and the loss is the
+batch-level one times ``router_aux_loss_coef``, summed over layers as MiniMind-3 sums it.
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ class MoEFeedForward(nn.Module):
         self.n_experts, self.top_k = config.n_routed_experts, config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
         self.alpha, self.seq_aux = config.aux_loss_alpha, config.seq_aux
+        # MiniMind-3 (Qwen3-MoE): renormalise every top-k, the loss over the whole batch
+        self.minimind3 = config.router_aux_loss_coef is not None
+        if self.minimind3:
+            self.alpha, self.seq_aux = config.router_aux_loss_coef, False
         self.gate = nn.Linear(config.hidden_size, self.n_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(config) for _ in range(self.n_experts))
         self.shared_experts = nn.ModuleList(
@@ -91,7 +100,7 @@ class MoEFeedForward(nn.Module):
         and their weights (N, k)."""
         probs = F.softmax(self.gate(x).float(), dim=-1)  # (N, E), fp32 under autocast too
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k) each
-        if self.top_k > 1 and self.norm_topk_prob:
+        if self.norm_topk_prob and (self.top_k > 1 or self.minimind3):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return probs, chosen, weights
 
@@ -114,6 +123,8 @@ class MoEFeedForward(nn.Module):
         probs, chosen, weights = self.route(flat)
         self.aux_loss = load_balancing_loss(probs.view(B, T, -1), chosen.view(B, T, -1),
                                             self.alpha, self.seq_aux)
+        if self.minimind3:  # it shares choices per token, not per slot: k times the above
+            self.aux_loss = self.aux_loss * self.top_k
         y = self.dispatch(flat, chosen, weights)  # (N, C)
         for shared in self.shared_experts:
             y = y + shared(flat)

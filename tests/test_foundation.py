@@ -71,7 +71,7 @@ def test_auto_follows_cuda(monkeypatch):
 
 
 def test_unknown_profile_lists_valid_names(monkeypatch):
-    with pytest.raises(ValueError, match="smoke, cpu, gpu, full, auto"):
+    with pytest.raises(ValueError, match="smoke, cpu, gpu, full, minimind3, auto"):
         get_profile("tiny")
     monkeypatch.setenv("MINIMIND_PROFILE", "gpuu")
     with pytest.raises(ValueError, match="unknown profile 'gpuu'"):
@@ -90,7 +90,7 @@ def test_profiles_grow_from_smoke_to_full():
 
 
 def test_profile_names_are_the_documented_ones():
-    assert PROFILE_NAMES == ("smoke", "cpu", "gpu", "full", "auto")
+    assert PROFILE_NAMES == ("smoke", "cpu", "gpu", "full", "minimind3", "auto")
 
 
 def test_runs_dir_is_per_profile(monkeypatch, tmp_path):

@@ -125,6 +125,20 @@ def test_full_without_minimind_data_names_download(tmp_path, monkeypatch, capsys
     assert not (tmp_path / "runs").exists()  # refused before anything started
 
 
+def test_minimind3_profile_is_minimind3s_zero_recipe(tmp_path, monkeypatch, capsys):
+    from minimind_lib.model import preset
+
+    profile = get_profile("minimind3")
+    assert profile.model == preset("minimind-3") and profile.needs_minimind_data
+    assert (profile.pretrain.seq_len, profile.sft.seq_len) == (768, 768)
+    assert (profile.pretrain.epochs, profile.sft.epochs, profile.sft.learning_rate) == (1, 1, 1e-5)
+    monkeypatch.setenv("MINIMIND_DATA_DIR", str(tmp_path / "empty"))
+    assert main(["sft", "--profile", "minimind3", "--out", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "has no sft_t2t_mini.jsonl" in err and "download data" in err
+    assert not (tmp_path / "runs").exists()
+
+
 # --- download, offline from a hub cache the test builds ---------------------------------------
 
 

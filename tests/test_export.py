@@ -80,31 +80,49 @@ def test_interleaving_the_rows_turns_rotate_half_into_interleaved_rope():
     assert torch.equal(rope_deinterleave(rope_interleave(w, heads), heads), w)
 
 
+def neox_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE (GPT-NeoX's, llama.cpp's qwen3) on (T, H, D) in float64."""
+    T, _, D = x.shape
+    freqs = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)[:, None]  # (T, 1, D/2)
+    x1, x2 = x.double()[..., :D // 2], x.double()[..., D // 2:]
+    return torch.cat([x1 * angles.cos() - x2 * angles.sin(),
+                      x2 * angles.cos() + x1 * angles.sin()], dim=-1)
+
+
 def llama_cpp_forward(path, ids: list[int]) -> torch.Tensor:
     """Logits (T, V) computed only from what the GGUF file says, the way llama.cpp's ``llama``
-    graph computes them: GGUF names, interleaved RoPE, the head falling back to token_embd."""
+    graph computes them (GGUF names, interleaved RoPE, the head falling back to token_embd), or
+    its ``qwen3`` graph (per-head RMSNorm on q and k, then rotate-half RoPE; the key length read
+    from the file)."""
     reader = gguf.GGUFReader(path)
     meta = {f.name: f.contents() for f in reader.fields.values()}
     w = {t.name: torch.tensor(gguf.quants.dequantize(t.data, t.tensor_type)).double()
          for t in reader.tensors}
-    H, KV = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
-    eps, theta = meta["llama.attention.layer_norm_rms_epsilon"], meta["llama.rope.freq_base"]
+    arch = meta["general.architecture"]
+    H, KV = meta[f"{arch}.attention.head_count"], meta[f"{arch}.attention.head_count_kv"]
+    eps, theta = meta[f"{arch}.attention.layer_norm_rms_epsilon"], meta[f"{arch}.rope.freq_base"]
 
     def norm(x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
     x = w["token_embd.weight"][ids]  # (T, C)
     T, C = x.shape
-    D = C // H
+    D = meta.get(f"{arch}.attention.key_length", C // H)
     mask = torch.full((T, T), -math.inf).triu(1)
-    for i in range(meta["llama.block_count"]):
+    for i in range(meta[f"{arch}.block_count"]):
         h = norm(x, w[f"blk.{i}.attn_norm.weight"])
-        q = interleaved_rope((h @ w[f"blk.{i}.attn_q.weight"].T).reshape(T, H, D), theta)
-        k = interleaved_rope((h @ w[f"blk.{i}.attn_k.weight"].T).reshape(T, KV, D), theta)
+        q = (h @ w[f"blk.{i}.attn_q.weight"].T).reshape(T, H, D)
+        k = (h @ w[f"blk.{i}.attn_k.weight"].T).reshape(T, KV, D)
+        if arch == "qwen3":
+            q = neox_rope(norm(q, w[f"blk.{i}.attn_q_norm.weight"]), theta)
+            k = neox_rope(norm(k, w[f"blk.{i}.attn_k_norm.weight"]), theta)
+        else:
+            q, k = interleaved_rope(q, theta), interleaved_rope(k, theta)
         v = (h @ w[f"blk.{i}.attn_v.weight"].T).reshape(T, KV, D)
         k, v = (t.repeat_interleave(H // KV, dim=1).transpose(0, 1) for t in (k, v))  # (H, T, D)
         att = torch.softmax(q.transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(D) + mask, -1)
-        x = x + (att @ v).transpose(0, 1).reshape(T, C) @ w[f"blk.{i}.attn_output.weight"].T
+        x = x + (att @ v).transpose(0, 1).reshape(T, H * D) @ w[f"blk.{i}.attn_output.weight"].T
         h = norm(x, w[f"blk.{i}.ffn_norm.weight"])
         gate, up = h @ w[f"blk.{i}.ffn_gate.weight"].T, h @ w[f"blk.{i}.ffn_up.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ w[f"blk.{i}.ffn_down.weight"].T
@@ -122,6 +140,39 @@ def test_the_file_alone_reproduces_our_logits(tmp_path, tied):
     # fp32 model vs a float64 re-implementation: logits of size ~10 agree to ~1e-5
     torch.testing.assert_close(llama_cpp_forward(path, ids[0].tolist()).float(), ours,
                                atol=1e-3, rtol=1e-4)
+
+
+MINIMIND3 = dict(qk_norm=True, intermediate_rule="pi", rms_norm_eps=1e-6, head_dim=32)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_minimind3_exports_as_llama_cpps_qwen3(tmp_path, tied):
+    """MiniMind-3 (QK-norm, a head wider than hidden / heads): the qwen3 architecture, its
+    q/k norms as attn_q_norm / attn_k_norm, q/k rows unchanged (rotate-half RoPE), the key
+    length in the metadata; the file alone gives our logits, and it reads back exactly."""
+    model = make_model(4, tie_word_embeddings=tied, **MINIMIND3)
+    with torch.no_grad():
+        for layer in model.model.layers:  # norm weights off 1, so a missing norm shows
+            layer.self_attn.q_norm.weight.add_(torch.randn(32) * 0.3)
+            layer.self_attn.k_norm.weight.add_(torch.randn(32) * 0.3)
+    path = write_gguf(model, TOK, tmp_path / "m3.gguf", "f32")
+    reader = gguf.GGUFReader(path)
+    meta = {f.name: f.contents() for f in reader.fields.values()}
+    assert meta["general.architecture"] == "qwen3"
+    assert (meta["qwen3.attention.key_length"], meta["qwen3.attention.value_length"]) == (32, 32)
+    tensors = {t.name: t for t in reader.tensors}
+    assert {"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"} <= set(tensors)
+    q = torch.tensor(tensors["blk.0.attn_q.weight"].data)
+    assert torch.equal(q, model.model.layers[0].self_attn.q_proj.weight.detach())
+    ids = prompt_ids()
+    with torch.no_grad():
+        ours = model(ids).logits[0]
+    torch.testing.assert_close(llama_cpp_forward(path, ids[0].tolist()).float(), ours,
+                               atol=1e-3, rtol=1e-4)
+    back, _ = load_gguf(path)
+    assert back.config == model.config
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits[0], ours, rtol=0, atol=0)
 
 
 # --- what the file holds --------------------------------------------------------------------
@@ -157,7 +208,8 @@ def test_metadata_tokenizer_and_tensors_read_back(tmp_path):
     assert meta["tokenizer.chat_template"] == CHAT_TEMPLATE
     # tensors: GGUF names, no output.weight (tied), 2-D in f16, norms in f32, values kept
     tensors = {t.name: t for t in reader.tensors}
-    names = {n.format(i=i) for n in GGUF_NAMES.values() for i in range(c.num_hidden_layers)}
+    names = {n.format(i=i) for n in GGUF_NAMES.values() for i in range(c.num_hidden_layers)
+             if "q_norm" not in n and "k_norm" not in n}  # the q/k norms are qwen3's
     assert set(tensors) == names - {"output.weight"}
     for t in tensors.values():
         wanted = gguf.GGMLQuantizationType.F16 if len(t.shape) == 2 else \

@@ -3,8 +3,10 @@ llama.cpp and Ollama run (``python -m minimind_lib export``).
 
 GGUF is llama.cpp's single-file format: typed metadata (architecture, sizes, tokenizer) and
 named tensors, each stored as f32, f16 or a block-quantised type such as q8_0. MiniMind is a
-Llama, so the file declares llama.cpp's ``llama`` architecture; three things differ from our
-state dict and are translated here:
+Llama, so the file declares llama.cpp's ``llama`` architecture (a MiniMind-3 model, with its
+QK-norm, llama.cpp's ``qwen3``: the same plus ``attn_q_norm`` / ``attn_k_norm``, and RoPE in our
+rotate-half order, so its q/k rows stay as they are); three things differ from our state dict
+and are translated here:
 
 * **names**: ``model.layers.0.self_attn.q_proj.weight`` is ``blk.0.attn_q.weight``
   (``GGUF_NAMES``); a tied head is simply left out (llama.cpp reuses ``token_embd``);
@@ -56,6 +58,8 @@ from minimind_lib.tokenizer.special import CHAT_TEMPLATE, END_OF_TEXT, IM_END, I
 FORMATS = ("gguf", "hf")
 GGUF_DTYPES = ("f32", "f16", "q8_0")
 GGUF_ARCH = "llama"
+#: a MiniMind-3 model (QK-norm; rotate-half RoPE, which llama.cpp's qwen3 also uses)
+GGUF_QWEN3_ARCH = "qwen3"
 #: llama.cpp's name of the pre-tokenizer that splits text with GPT-2's regex (ours)
 GGUF_PRE_TOKENIZER = "gpt-2"
 #: our parameter name (with ``{i}`` for the layer) -> its GGUF name
@@ -66,6 +70,8 @@ GGUF_NAMES = {
     "model.layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
     "model.layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
     "model.layers.{i}.self_attn.o_proj.weight": "blk.{i}.attn_output.weight",
+    "model.layers.{i}.self_attn.q_norm.weight": "blk.{i}.attn_q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "blk.{i}.attn_k_norm.weight",
     "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.ffn_norm.weight",
     "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
@@ -120,17 +126,16 @@ def gguf_name(name: str) -> str:
 
 
 def check_gguf_exportable(config: MiniMindConfig, source: str) -> None:
-    """Refuse a model llama.cpp's ``llama`` architecture cannot run the same way."""
+    """Refuse a model llama.cpp's ``llama`` / ``qwen3`` architectures cannot run the same way."""
     unsupported = {  # getattr: a config written before these options existed has none of them
         "use_moe": (getattr(config, "use_moe", False), False),
         "position_encoding": (getattr(config, "position_encoding", "rope"), "rope"),
         "rope_scaling": (getattr(config, "rope_scaling", None), None),
-        "qk_norm": (getattr(config, "qk_norm", False), False),  # MiniMind-3: llama.cpp's qwen3
     }
     for field, (value, plain) in unsupported.items():
         if value != plain:
             raise ValueError(f"{source}: {field}={value!r}: GGUF export supports the plain "
-                             f"Llama architecture only ({field}={plain!r})")
+                             f"Llama and Qwen3 architectures only ({field}={plain!r})")
 
 
 def _gguf_tensors(model: MiniMindForCausalLM, dtype: str) -> list[tuple[str, np.ndarray, object]]:
@@ -143,10 +148,11 @@ def _gguf_tensors(model: MiniMindForCausalLM, dtype: str) -> list[tuple[str, np.
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # llama.cpp reuses token_embd.weight
         weight = tensor.detach().float().cpu()
-        if name.endswith("q_proj.weight"):
-            weight = rope_interleave(weight, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            weight = rope_interleave(weight, config.num_key_value_heads)
+        if not config.qk_norm:  # llama.cpp's llama rotates neighbours; its qwen3 halves, as we do
+            if name.endswith("q_proj.weight"):
+                weight = rope_interleave(weight, config.num_attention_heads)
+            elif name.endswith("k_proj.weight"):
+                weight = rope_interleave(weight, config.num_key_value_heads)
         array = weight.numpy()
         qtype = gguf.GGMLQuantizationType.F32
         if array.ndim == 2 and dtype == "f16":
@@ -208,7 +214,7 @@ def write_gguf(model: MiniMindForCausalLM, tokenizer: BPETokenizer, path: str | 
                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
     tensors = _gguf_tensors(model, dtype)
     with atomic_path(path) as tmp:
-        writer = gguf.GGUFWriter(tmp, GGUF_ARCH)
+        writer = gguf.GGUFWriter(tmp, GGUF_QWEN3_ARCH if config.qk_norm else GGUF_ARCH)
         writer.add_name(name)
         writer.add_file_type(file_type)
         if dtype == "q8_0":
@@ -221,6 +227,9 @@ def write_gguf(model: MiniMindForCausalLM, tokenizer: BPETokenizer, path: str | 
         writer.add_head_count(config.num_attention_heads)
         writer.add_head_count_kv(config.num_key_value_heads)
         writer.add_rope_dimension_count(config.head_dim)
+        if config.qk_norm:  # a MiniMind-3 head may be wider than hidden / heads
+            writer.add_key_length(config.head_dim)
+            writer.add_value_length(config.head_dim)
         writer.add_rope_freq_base(config.rope_theta)
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
         _add_tokenizer(writer, tokenizer, config.vocab_size)
@@ -245,11 +254,12 @@ def _field(reader, key: str, source: Path):
 
 def _read_config(reader, source: Path, tied: bool) -> MiniMindConfig:
     arch = _field(reader, "general.architecture", source)
-    if arch != GGUF_ARCH:
-        raise ValueError(f"{source}: general.architecture is {arch!r}, expected {GGUF_ARCH!r}")
+    if arch not in (GGUF_ARCH, GGUF_QWEN3_ARCH):
+        raise ValueError(f"{source}: general.architecture is {arch!r}, expected "
+                         f"{GGUF_ARCH!r} or {GGUF_QWEN3_ARCH!r}")
 
     def get(key: str):
-        value = _field(reader, f"{GGUF_ARCH}.{key}", source)
+        value = _field(reader, f"{arch}.{key}", source)
         # subtle: floats are stored as f32; the shortest decimal that rounds to the same f32
         # gives back the 1e-05 that was written, not 9.99999974e-06
         return float(str(np.float32(value))) if isinstance(value, float) else value
@@ -261,7 +271,9 @@ def _read_config(reader, source: Path, tied: bool) -> MiniMindConfig:
         num_key_value_heads=get("attention.head_count_kv"),
         intermediate_size=get("feed_forward_length"),
         max_position_embeddings=get("context_length"), rope_theta=get("rope.freq_base"),
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon"), tie_word_embeddings=tied)
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon"), tie_word_embeddings=tied,
+        **({"qk_norm": True, "intermediate_rule": "pi", "head_dim": get("attention.key_length")}
+           if arch == GGUF_QWEN3_ARCH else {}))
 
 
 def _read_tokenizer(reader, source: Path) -> BPETokenizer:
@@ -280,7 +292,7 @@ def _read_tokenizer(reader, source: Path) -> BPETokenizer:
 
 def load_gguf(path: str | os.PathLike) -> tuple[MiniMindForCausalLM, BPETokenizer]:
     """Our model (fp32, q/k rows back in rotate-half order) and tokenizer from a GGUF file
-    ``write_gguf`` wrote (or any ``llama`` GGUF with a GPT-2 style tokenizer)."""
+    ``write_gguf`` wrote (or any ``llama`` / ``qwen3`` GGUF with a GPT-2 style tokenizer)."""
     gguf = _gguf()
 
     path = Path(path)
@@ -298,9 +310,9 @@ def load_gguf(path: str | os.PathLike) -> tuple[MiniMindForCausalLM, BPETokenize
         if key not in arrays:
             raise ValueError(f"{path}: tensor {key!r} is missing")
         weight = torch.tensor(np.asarray(arrays[key], dtype=np.float32))  # a copy
-        if name.endswith("q_proj.weight"):
+        if not config.qk_norm and name.endswith("q_proj.weight"):
             weight = rope_deinterleave(weight, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
+        elif not config.qk_norm and name.endswith("k_proj.weight"):
             weight = rope_deinterleave(weight, config.num_key_value_heads)
         state[name] = weight.reshape(model.state_dict()[name].shape)
     model.load_state_dict(state, strict=True)

@@ -184,3 +184,14 @@ def test_sft_mask_supervises_replies_and_never_a_tool_response():
     dataset = SFTDataset([{"conversations": messages}], TOK, 4096, progress=False,
                          template="minimind-3")
     assert dataset[0]["labels"].tolist() == labels
+
+
+def test_a_tokenizer_with_the_markers_speaks_minimind3_by_default():
+    """``template=None`` (every encoder's default) follows the tokenizer: MiniMind-3's own
+    tokenizer reserves the markers, so chat, serve and SFT render its format for its weights."""
+    chat = CASES[3][1]
+    assert encode_chat(TOK, chat, True) == encode_chat(TOK, chat, True, template="minimind-3")
+    assert sft_example(TOK, chat, 512) == sft_example(TOK, chat, 512, template="minimind-3")
+    plain = load_tokenizer()
+    user = [{"role": "user", "content": "hi"}]
+    assert encode_chat(plain, user, True) == encode_chat(plain, user, True, template="minimind2")

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat import TemplateMismatch, chat_parts, marker_id
+from minimind_lib.tokenizer.chat import TemplateMismatch, chat_parts, marker_id, template_of
 from minimind_lib.tokenizer.chat3 import minimind3_pieces
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 
@@ -80,7 +80,7 @@ def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]
 
 
 def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
-                template: str = "minimind2") -> tuple[list[int], list[int]]:
+                template: str | None = None) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` of one conversation, cut to ``seq_len`` tokens.
 
     ``input_ids`` is the ChatML rendering; ``labels`` equals it on the assistant's content
@@ -101,6 +101,7 @@ def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
+    template = template or template_of(tokenizer)
     segments = sft_segments(messages, template)
     encoded = (tokenizer.encode(t, allowed_special=set()) for t, special, _ in segments
                if not special)
@@ -112,8 +113,8 @@ class SFTDataset(Dataset):
 
     ``answer_only=False`` puts the loss on every token instead (the notebook's ablation);
     the examples kept are the same either way. ``template`` is the chat format
-    (``sft_segments``); MiniMind's tool-use and thinking records need ``"minimind-3"`` and a
-    tokenizer that reserves its markers; under MiniMind2's they are skipped and counted in
+    (``sft_segments``; None: the tokenizer's, ``template_of``); MiniMind's tool-use and
+    thinking records need ``"minimind-3"`` and a tokenizer that reserves its markers; under MiniMind2's they are skipped and counted in
     ``unrenderable``. Examples whose truncation to ``seq_len``
     leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
     once, in batches through ``BPETokenizer.encode_batch`` (the fast path, identical ids); ids
@@ -132,10 +133,11 @@ class SFTDataset(Dataset):
 
     def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int, *,
                  answer_only: bool = True, max_examples: int | None = None,
-                 chunk_size: int = 2048, progress: bool = True, template: str = "minimind2"):
+                 chunk_size: int = 2048, progress: bool = True, template: str | None = None):
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         self.seq_len, self.answer_only = seq_len, answer_only
+        template = template or template_of(tokenizer)
         self.pad_id = tokenizer.token_to_id(END_OF_TEXT)  # pads are never a target
         # 2 bytes per id when the vocabulary fits (MiniMind's 6,400 does): half of int32
         id_dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32

@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.special import DEFAULT_SYSTEM_PROMPT, IM_END, IM_START
+from minimind_lib.tokenizer.special import (
+    DEFAULT_SYSTEM_PROMPT,
+    IM_END,
+    IM_START,
+    THINK,
+    TOOL_CALL,
+)
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -101,12 +107,28 @@ def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = 
                                                   open_thinking=open_thinking, template=template))
 
 
+def template_of(tokenizer: BPETokenizer) -> str:
+    """The chat template a tokenizer's model speaks: MiniMind-3's when the tokenizer reserves
+    its ``<think>`` and ``<tool_call>`` markers (MiniMind-3's own tokenizer does), else
+    MiniMind2's (the course tokenizer's).
+
+    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
+    >>> from minimind_lib.tokenizer.special import TOOL_AND_THINK_TOKENS
+    >>> tok = load_tokenizer()
+    >>> template_of(tok), template_of(tok.add_special_tokens(TOOL_AND_THINK_TOKENS))
+    ('minimind2', 'minimind-3')
+    """
+    return ("minimind-3" if {THINK, TOOL_CALL} <= set(tokenizer.special_tokens)
+            else "minimind2")
+
+
 def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
                 add_generation_prompt: bool = False, *, tools: Sequence[dict] | None = None,
-                open_thinking: bool = False, template: str = "minimind2") -> list[int]:
+                open_thinking: bool = False, template: str | None = None) -> list[int]:
     """Ids of the rendered chat: markers are special ids, and message content is never
     parsed for special tokens, so typed ``<|im_end|>`` text cannot forge a turn. A marker the
     tokenizer lacks (MiniMind-3's ``<think>`` in a MiniMind2 tokenizer) is an error naming it.
+    ``template`` None: the tokenizer's own (``template_of``).
 
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer
     >>> tok = load_tokenizer()
@@ -114,6 +136,7 @@ def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
     >>> ids.count(tok.token_to_id("<|im_end|>"))   # system + user turns only
     2
     """
+    template = template or template_of(tokenizer)
     ids: list[int] = []
     for text, special in chat_parts(messages, add_generation_prompt, tools=tools,
                                     open_thinking=open_thinking, template=template):

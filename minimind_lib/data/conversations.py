@@ -114,9 +114,9 @@ class SFTDataset(Dataset):
     ``answer_only=False`` puts the loss on every token instead (the notebook's ablation);
     the examples kept are the same either way. ``template`` is the chat format
     (``sft_segments``; None: the tokenizer's, ``template_of``); MiniMind's tool-use and
-    thinking records need ``"minimind-3"`` and a tokenizer that reserves its markers; under MiniMind2's they are skipped and counted in
-    ``unrenderable``. Examples whose truncation to ``seq_len``
-    leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
+    thinking records need ``"minimind-3"`` and a tokenizer that reserves its markers; under
+    MiniMind2's they are skipped and counted in ``unrenderable``. Examples whose truncation to
+    ``seq_len`` leaves no supervised token are dropped and counted in ``skipped``. Tokenisation runs
     once, in batches through ``BPETokenizer.encode_batch`` (the fast path, identical ids); ids
     live in one flat array.
 

@@ -79,28 +79,35 @@ def test_llama_cpp_tokenizes_like_us(tmp_path, open_gguf):
             encode_chat(TOK, messages, add_generation_prompt=True)
 
 
-def _random_model():
+#: MiniMind-3's layout (QK-norm, a head wider than hidden / heads): llama.cpp's qwen3
+MINIMIND3 = dict(qk_norm=True, intermediate_rule="pi", rms_norm_eps=1e-6, head_dim=32)
+
+
+def _random_model(**overrides):
     """Untied head (the file then holds output.weight) and GQA; weights larger than at init so
-    the logits are far apart and greedy choices never tie."""
+    the logits are far apart and greedy choices never tie (norm weights moved off 1 too)."""
     torch.manual_seed(0)
-    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=64, num_hidden_layers=2,
-                                               num_attention_heads=4, num_key_value_heads=2,
-                                               max_position_embeddings=512,
-                                               tie_word_embeddings=False)).eval()
+    model = MiniMindForCausalLM(MiniMindConfig(**{
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": False,
+        **overrides})).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.3)
+            else:
+                p.add_(torch.randn_like(p) * 0.2)
     return model
 
 
-@pytest.mark.parametrize("which", ["smoke sft (tied)", "random (untied)"])
+@pytest.mark.parametrize("which", ["smoke sft (tied)", "random (untied)",
+                                   "random MiniMind-3 (qwen3)"])
 def test_llama_cpp_logits_and_greedy_tokens_equal_ours_f32(smoke_runs, tmp_path, open_gguf, which):
     if which.startswith("smoke"):
         model, path = load_model(smoke_runs / "sft"), export(smoke_runs / "sft",
                                                              tmp_path / "m.gguf", "gguf", "f32")
     else:
-        model = _random_model()
+        model = _random_model(**(MINIMIND3 if "qwen3" in which else {}))
         path = write_gguf(model, TOK, tmp_path / "m.gguf", "f32")
     llm = open_gguf(path)
     for messages in questions():

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minimind_lib.tokenizer.bpe import BPETokenizer
+from minimind_lib.tokenizer.chat3 import minimind3_pieces
 from minimind_lib.tokenizer.special import (
     DEFAULT_SYSTEM_PROMPT,
     IM_END,
@@ -29,6 +30,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 class TemplateMismatch(ValueError):
     """A valid conversation that the chosen template cannot express (a tool call in
     MiniMind2's ChatML): datasets skip and count such records."""
+
 
 #: The templates by name; the first is the course model's (``template=`` picks another).
 CHAT_TEMPLATES = ("minimind2", "minimind-3")
@@ -47,8 +49,6 @@ def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False, *,
     [('<think>', True), ('\\n\\n', False), ('</think>', True), ('\\n\\n', False)]
     """
     if template == "minimind-3":
-        from minimind_lib.tokenizer.chat3 import minimind3_pieces
-
         pieces = minimind3_pieces(messages, add_generation_prompt, tools=tools,
                                   open_thinking=open_thinking)
         return [(text, special) for text, special, _ in pieces]

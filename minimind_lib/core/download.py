@@ -87,19 +87,20 @@ MODELS = {name: _model(name) for name in ("MiniMind2-Small", "minimind-3", "mini
 
 
 def data_files(choice: Sequence[str] | None) -> tuple[str, ...]:
-    """The file names ``--files`` asks for: one set name, or file names (``.jsonl`` optional).
+    """The file names ``--files`` asks for: set names and file names (``.jsonl`` optional).
 
     >>> data_files(None)
     ('pretrain_t2t_mini.jsonl', 'sft_t2t_mini.jsonl', 'dpo.jsonl', 'rlaif.jsonl')
     >>> data_files(["agent"]), data_files(["dpo", "rlaif.jsonl"])
     (('agent_rl.jsonl', 'agent_rl_math.jsonl'), ('dpo.jsonl', 'rlaif.jsonl'))
+    >>> len(data_files(["mini", "agent", "dpo"]))   # sets and names together, each file once
+    6
     """
     if not choice:
         return DATA_FILE_SETS["mini"]
-    if len(choice) == 1 and choice[0] in DATA_FILE_SETS:
-        return DATA_FILE_SETS[choice[0]]
     known = set(CURRENT_DATA_FILES) | set(DATA_FILE_SETS["minimind2"])
-    names = [n if n.endswith(".jsonl") else n + ".jsonl" for n in choice]
+    names = [n for item in choice for n in DATA_FILE_SETS.get(item, (item,))]
+    names = [n if n.endswith(".jsonl") else n + ".jsonl" for n in names]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown data file(s) {', '.join(unknown)}: choose a set "

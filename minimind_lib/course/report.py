@@ -105,6 +105,8 @@ def _training_section(root: Path, stage: Stage) -> list[str]:
     figure = _figure(root, stage)
     out = ([f"![{stage.name} loss]({figure})", ""] if figure
            else [f"(no {stage.name} metrics yet)", ""])
+    if figure and stage.validation:
+        out += [f"Validation curve: {stage.validation}.", ""]
     if stage.evaluates and (root / stage.name / EVAL_FILE).is_file():
         out += _EXTRA_TABLES.get(stage.name, lambda _: [])(root)
         out += ["Held-out questions (greedy, through the chat template), text perplexity and "
@@ -133,7 +135,8 @@ def _lora_section(root: Path, stage: Stage) -> list[str]:
     lines = [f"Rank {summary['rank']} adapters on {', '.join(summary['target_modules'])}: "
              f"{summary['trainable_parameters']:,} trainable of {summary['total_parameters']:,} "
              f"parameters ({summary['trainable_parameters'] / summary['total_parameters']:.2%}).",
-             "", f"![lora loss]({figure})" if figure else "(no lora metrics)", ""]
+             "", f"![lora loss]({figure})" if figure else "(no lora metrics)", "",
+             f"Validation curve: {stage.validation}.", ""]
     if (root / "lora" / EVAL_FILE).is_file():
         lines += ["Held-out questions of the new task (family `domain`) and of the SFT tasks:",
                   "", eval_report(read_eval(root / "lora"))]

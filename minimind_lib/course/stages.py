@@ -169,6 +169,7 @@ class Stage:
     evaluates: bool = False  # it scores models on profile.eval_per_task questions a task
     title: str = ""  # its section of report.md ("": none)
     curves: tuple[str, ...] | None = None  # metrics plotted beside loss and lr (None: no plot)
+    validation: str = ""  # what its validation curve measures, one line (report.md says it)
 
     def inputs(self, profile: Profile) -> list[Path]:
         """The files this stage reads besides its prerequisites' folders (an error naming the
@@ -240,6 +241,8 @@ def tokenizer_stage(ctx: StageContext) -> dict:
 
 @register("pretrain", requires=("tokenizer",), distributed=True, sources=training_data("pretrain"),
           serves=True, settings="pretrain", title="Pretraining", curves=(),
+          validation="cross-entropy per token (nats) on the held-out split of the pretraining "
+                     "text (every 50th document); e^loss is its perplexity",
           description="pretrain the profile's model on the pretraining text")
 def pretrain_stage(ctx: StageContext) -> dict:
     """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
@@ -276,6 +279,9 @@ def pretrain_stage(ctx: StageContext) -> dict:
 @register("sft", requires=("tokenizer", "pretrain"), starts_from="pretrain", distributed=True,
           sources=training_data("sft"), serves=True, settings="sft", evaluates=True,
           title="Supervised fine-tuning", curves=(),
+          validation="answer-only cross-entropy on the reference replies of the held-out "
+                     "questions (data/eval/sft_eval*.jsonl); not text modelling, which the "
+                     "held-out text perplexity below measures",
           description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                       "evaluates before and after")
 def sft_stage(ctx: StageContext) -> dict:
@@ -308,6 +314,9 @@ def sft_stage(ctx: StageContext) -> dict:
 @register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=dpo_sources,
           serves=True, settings="dpo", evaluates=True, title="DPO",
           curves=("reward_margin", "reward_accuracy"),
+          validation="the DPO loss (with its NLL term when nll_weight > 0) on the held-out "
+                     "offline pairs (data/eval/dpo_eval*.jsonl), whatever pairs the stage trains "
+                     "on: with on-policy pairs it can rise while exact match improves",
           description="direct preference optimization of the SFT model against its frozen copy, "
                       "on pairs of its own graded answers (or the offline pairs); evaluates "
                       "before and after")
@@ -393,6 +402,7 @@ def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
 @register("grpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("sft"),
           serves=True, in_all=False, settings="grpo", evaluates=True, title="GRPO",
           curves=("reward", "kl", "response_length"),
+          validation="val_accuracy: the share of held-out questions answered right, greedily",
           description="GRPO with verifiable rewards: groups of sampled answers to checkable "
                       "questions, rewarded by the exact-match checker; evaluates before and after")
 def grpo_stage(ctx: StageContext) -> dict:
@@ -537,6 +547,7 @@ def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCa
 
 @register("lora", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
           sources=training_data("sft"), settings="lora", evaluates=True, title="LoRA", curves=(),
+          validation="answer-only cross-entropy on held-out questions of the new task",
           description="LoRA fine-tune of the SFT model on a new task (codes read in Chinese "
                       "numerals and back); the adapter in PEFT's format, the merged model in "
                       "merged/; evaluates before and after")

@@ -78,13 +78,23 @@ def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
 def eval_report(evals: Mapping[str, ModelEval]) -> str:
     """The question table (per task, per model), then perplexity and bits per byte, in markdown.
 
+    With two models (before and after a stage) the line says how many times the perplexity
+    grew or shrank: the forgetting a fine-tuning stage costs the language model.
+
     >>> tasks = {"t": TaskScores("t", "skill", 1, 1.0, 1.0, 1.0)}
     >>> print(eval_report({"sft": ModelEval(tasks, 12.345, 1.2345)}).splitlines()[-1])
     held-out text perplexity: sft 12.3; bits per byte: sft 1.234
+    >>> print(eval_report({"pre": ModelEval(tasks, 100.0, 2.4),
+    ...                    "sft": ModelEval(tasks, 250.0, 2.9)}).splitlines()[-1])
+    held-out text perplexity: pre 100.0 -> sft 250.0 (2.50x); bits per byte: pre 2.400 -> sft 2.900
     """
-    ppl = ", ".join(f"{name} {e.perplexity:.1f}" for name, e in evals.items())
+    arrow = " -> " if len(evals) == 2 else ", "
+    ppl = arrow.join(f"{name} {e.perplexity:.1f}" for name, e in evals.items())
     line = f"held-out text perplexity: {ppl}"
+    if len(evals) == 2:
+        before, after = (e.perplexity for e in evals.values())
+        line += f" ({after / before:.2f}x)"
     if all(e.bits_per_byte is not None for e in evals.values()):
-        line += "; bits per byte: " + ", ".join(f"{name} {e.bits_per_byte:.3f}"
-                                                  for name, e in evals.items())
+        line += "; bits per byte: " + arrow.join(f"{name} {e.bits_per_byte:.3f}"
+                                                 for name, e in evals.items())
     return question_table({name: e.tasks for name, e in evals.items()}) + "\n\n" + line

@@ -231,3 +231,47 @@ def test_sft_raises_exact_match_on_a_task_the_tiny_model_can_learn(smoke_runs, t
     after = evaluate_sft(model, TOK, questions, progress=False)["first_word"]
     assert before.exact_match == 0.0 and before.format_rate == 0.0
     assert after.exact_match > 0.0 and after.format_rate > 0.9, after
+
+
+# --- replay: pretraining text beside the conversations (against forgetting) ------------------
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.8])
+def test_replay_mix_gives_text_its_share_of_the_supervised_tokens(tmp_path, share):
+    import numpy as np
+
+    from minimind_lib.data.pretraining import PretrainDataset
+    from minimind_lib.training.sft import ReplayMix
+
+    path = tmp_path / "train.bin"
+    np.arange(5000, dtype=np.uint16).tofile(path)
+    records = list(itertools.islice(read_jsonl(DATA_DIR / "sft_sample.jsonl", "sft"), 200))
+    sft = SFTDataset(records, TOK, 128, progress=False)
+    mix = ReplayMix(sft, PretrainDataset(path, seq_len=31), share, seed=0)
+    rows = [mix[i] for i in range(len(mix))]
+    supervised = [int((r["labels"] != IGNORE_INDEX).sum()) for r in rows]
+    text = sum(supervised[len(sft):])
+    assert text == mix.windows * 32 and sum(supervised[:len(sft)]) == sft.num_targets
+    assert abs(text / sum(supervised) - share) < 32 / sum(supervised)  # within one window
+    windows = [tuple(r["input_ids"].tolist()) for r in rows[len(sft):]]
+    assert len(set(windows)) == min(len(windows), 5000 // 31)  # no repeats while text lasts
+    some = rows[len(sft) - 2:len(sft) + 2]  # two conversations, two windows, padded together
+    batch = mix.collate(some)
+    width = max(len(r["input_ids"]) for r in some)
+    assert batch["input_ids"].shape == batch["labels"].shape == (4, width)
+
+
+def test_sft_stage_replays_pretraining_text(tmp_path):
+    from minimind_lib.__main__ import main
+    from minimind_lib.course.stages import read_marker
+
+    assert main(["sft", "--profile", "smoke", "--out", str(tmp_path), "--set", "sft.replay=0.5",
+                 "--set", "sft.max_steps=3", "--set", "pretrain.max_steps=3",
+                 "--set", "eval_per_task=2"]) == 0
+    marker = read_marker(tmp_path / "sft")
+    assert marker["fingerprint"]["settings"]["replay"] == 0.5
+    assert any("pretrain_sample" in f for f in marker["fingerprint"]["data"])
+    assert (tmp_path / "sft" / "replay_data" / "train.bin").is_file()
+    with pytest.raises(ValueError, match=r"replay must be in \[0, 1\)"):
+        from minimind_lib.course.profiles import get_profile, override
+        override(get_profile("smoke"), {"sft.replay": "1"})

@@ -55,6 +55,7 @@ from minimind_lib.training.dpo import DPOSettings
 from minimind_lib.training.grpo import GRPOSettings
 from minimind_lib.training.lora import LoRASettings
 from minimind_lib.training.settings import RunOptions, TrainSettings
+from minimind_lib.training.sft import SFTSettings
 from minimind_lib.vision.clip import CLIPConfig
 from minimind_lib.vision.recipe import VisionSettings, vision_training
 
@@ -81,7 +82,7 @@ class Profile:
     description: str
     model: MiniMindConfig
     pretrain: TrainSettings
-    sft: TrainSettings
+    sft: SFTSettings
     dpo: DPOSettings
     lora: LoRASettings
     eval_per_task: int  # held-out questions per task type used by evaluations
@@ -122,7 +123,7 @@ def _smoke() -> Profile:
                              num_key_value_heads=2, max_position_embeddings=2048),
         pretrain=TrainSettings(batch_size=8, seq_len=128, learning_rate=3e-3, max_steps=80,
                                warmup_steps=5, eval_every=20, save_every=40, max_examples=3000),
-        sft=TrainSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
+        sft=SFTSettings(batch_size=16, seq_len=128, learning_rate=5e-3, max_steps=80,
                           warmup_steps=5, eval_every=20, save_every=40, max_examples=4000),
         # measured (offline pairs): lr 5e-4 x 30 steps left held-out preference accuracy flat
         # (-0.8..-0.4 points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over 3 seeds
@@ -165,7 +166,7 @@ def _cpu() -> Profile:
         # sample: past that, validation loss flattens and the minutes are worth more in SFT.
         pretrain=TrainSettings(batch_size=16, seq_len=256, learning_rate=2e-3, max_steps=1200,
                                warmup_steps=50, eval_every=100, save_every=400),
-        sft=TrainSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
+        sft=SFTSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2000,
                           warmup_steps=50, eval_every=200, save_every=400),
         # measured from data/reference/sft (`dpo --profile cpu --init data/reference/sft`):
         # batch 8 raised held-out skill exact-match 34.2% -> 38.2%, batch 16 -> 43.0% (5.0 min)
@@ -220,7 +221,7 @@ def _gpu() -> Profile:
         pretrain=TrainSettings(batch_size=16, seq_len=512, learning_rate=1e-3, epochs=4,
                                max_steps=3800, warmup_steps=50, eval_every=100,
                                save_every=500),
-        sft=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=3,
+        sft=SFTSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=3,
                           max_steps=2000, warmup_steps=50, eval_every=200, save_every=500),
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-4, epochs=2,
                         max_steps=1000, warmup_steps=20, eval_every=100, save_every=500,
@@ -246,7 +247,7 @@ def _full() -> Profile:
         pretrain=TrainSettings(batch_size=32, seq_len=512, learning_rate=5e-4, epochs=1,
                                max_steps=None, accumulation_steps=8, warmup_steps=100,
                                eval_every=250, save_every=500),
-        sft=TrainSettings(batch_size=16, seq_len=512, learning_rate=5e-5, epochs=2,
+        sft=SFTSettings(batch_size=16, seq_len=512, learning_rate=5e-5, epochs=2,
                           max_steps=None, warmup_steps=100, eval_every=500, save_every=1000),
         # MiniMind's SFT data has no checkable answers: DPO on its preference pairs (offline)
         dpo=DPOSettings(batch_size=16, seq_len=512, learning_rate=1e-6, max_steps=1000,

@@ -1,6 +1,6 @@
 """What the stages train on, read from the profile's data (notebooks 05-10): the files a stage
 reads (its ``sources``, which enter its fingerprint), the checkable questions of the RL and
-on-policy stages, and the LoRA stage's conversations.
+on-policy stages, the pretraining text SFT replays, and the LoRA stage's conversations.
 """
 
 from __future__ import annotations
@@ -9,10 +9,14 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from minimind_lib.course.profiles import Profile
 from minimind_lib.data.hanzi_codes import task_records
+from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split, tokenize_corpus
 from minimind_lib.data.readers import dataset_files, read_jsonl
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR
+from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.dpo import reservoir_sample
 from minimind_lib.training.lora import LoRASettings, with_replay
 from minimind_lib.training.rollout import Question, select_tasks, verifiable_questions
@@ -27,6 +31,27 @@ REPLAY_POOL = 20_000
 def training_data(schema: str) -> Callable[[Profile], list[Path]]:
     """``sources`` of a stage training on ``schema`` data: the profile's files of that kind."""
     return lambda profile: dataset_files(schema, profile.data_dir)
+
+
+def sft_sources(profile: Profile) -> list[Path]:
+    """The SFT data, and the pretraining text too when SFT replays it (``sft.replay``)."""
+    files = dataset_files("sft", profile.data_dir)
+    return files + dataset_files("pretrain", profile.data_dir) if profile.sft.replay else files
+
+
+def replay_text(profile: Profile, tokenizer_file: Path, data_dir: Path,
+                progress: bool = True) -> PretrainDataset | None:
+    """The pretraining text SFT replays when ``profile.sft.replay`` > 0 (else None): the
+    corpus's training split, tokenised into ``data_dir`` (by rank 0), in windows that fill
+    SFT's sequences."""
+    if not profile.sft.replay:
+        return None
+    if init_distributed().is_main:
+        tokenize_corpus(dataset_files("pretrain", profile.data_dir), tokenizer_file, data_dir,
+                        max_examples=profile.pretrain.max_examples, progress=progress)
+    if init_distributed().world_size > 1:
+        torch.distributed.barrier()
+    return load_pretrain_split(data_dir, "train", profile.sft.seq_len - 1)
 
 
 def course_tokenizer_files(_: Profile) -> list[Path]:

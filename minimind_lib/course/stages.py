@@ -54,6 +54,8 @@ from minimind_lib.course.stage_data import (
     course_tokenizer_files,
     dpo_sources,
     lora_training_records,
+    replay_text,
+    sft_sources,
     training_data,
     training_questions,
 )
@@ -277,7 +279,7 @@ def pretrain_stage(ctx: StageContext) -> dict:
 
 
 @register("sft", requires=("tokenizer", "pretrain"), starts_from="pretrain", distributed=True,
-          sources=training_data("sft"), serves=True, settings="sft", evaluates=True,
+          sources=sft_sources, serves=True, settings="sft", evaluates=True,
           title="Supervised fine-tuning", curves=(),
           validation="answer-only cross-entropy on the reference replies of the held-out "
                      "questions (data/eval/sft_eval*.jsonl); not text modelling, which the "
@@ -297,7 +299,9 @@ def sft_stage(ctx: StageContext) -> dict:
     run = train_sft(model, tokenizer, profile.sft, seed=profile.seed,
                     files=dataset_files("sft", profile.data_dir), options=profile.train,
                     out_dir=ctx.out_dir, resume=ctx.resume, precision=ctx.precision,
-                    device=ctx.device, progress=ctx.progress, callbacks=ctx.callbacks)
+                    device=ctx.device, progress=ctx.progress, callbacks=ctx.callbacks,
+                    replay_text=replay_text(profile, ctx.dir("tokenizer") / TOKENIZER_FILE,
+                                            ctx.out_dir / "replay_data", ctx.progress))
     if not info.is_main:
         return {}
     model = model.cpu()

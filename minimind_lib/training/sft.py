@@ -38,18 +38,84 @@ You are a helpful assistant<|im_end|>
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from minimind_lib.data.conversations import SFTDataset
+from minimind_lib.data.pretraining import PretrainDataset
 from minimind_lib.data.readers import dataset_files, read_jsonl
 from minimind_lib.evaluation.questions import load_eval_records
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.training.loop import train
 from minimind_lib.training.settings import RunOptions, TrainConfig, TrainSettings
+
+
+@dataclass(frozen=True)
+class SFTSettings(TrainSettings):
+    """The ``sft`` stage's hyper-parameters: a ``TrainSettings`` plus ``replay``, the share of
+    the loss's tokens that are pretraining text (``ReplayMix``; 0: conversations only), which
+    keeps the model modelling text while it learns to answer (issue: catastrophic forgetting).
+
+    >>> SFTSettings(replay=1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: SFTSettings.replay must be in [0, 1), got 1.0
+    """
+
+    replay: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.replay < 1.0:
+            raise ValueError(f"{type(self).__name__}.replay must be in [0, 1), got {self.replay}")
+
+
+class ReplayMix(Dataset):
+    """SFT examples followed by windows of pretraining text (loss on every token of a window),
+    so many that text makes ``share`` of the supervised tokens: ``n = share / (1 - share) *
+    sft.num_targets / window`` windows, drawn without repetition (seeded) while the text has
+    enough. The loader shuffles the two kinds together; ``collate`` pads as SFT does.
+
+    >>> import tempfile
+    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
+    >>> p = Path(tempfile.mkdtemp()) / "train.bin"
+    >>> np.arange(1000, dtype=np.uint16).tofile(p)
+    >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    >>> sft = SFTDataset([{"conversations": chat}] * 20, load_tokenizer(), 64, progress=False)
+    >>> mix = ReplayMix(sft, PretrainDataset(p, seq_len=9), share=0.5, seed=0)
+    >>> sft.num_targets, mix.windows, len(mix)   # 100 answer tokens, 10 windows of 10 tokens
+    (100, 10, 30)
+    >>> mix[25]["labels"].tolist() == mix[25]["input_ids"].tolist()
+    True
+    """
+
+    def __init__(self, sft: SFTDataset, text: PretrainDataset, share: float, seed: int) -> None:
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"replay share must be in (0, 1), got {share}")
+        window = text.seq_len + 1
+        self.sft, self.text = sft, text
+        self.windows = max(1, round(share / (1 - share) * sft.num_targets / window))
+        rng = np.random.default_rng(seed)
+        picks = [rng.permutation(len(text)) for _ in range(-(-self.windows // len(text)))]
+        self._picks = np.concatenate(picks)[:self.windows]  # (windows,) window indices
+
+    def __len__(self) -> int:
+        return len(self.sft) + self.windows
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i < len(self.sft):
+            return self.sft[i]
+        ids = self.text[int(self._picks[i - len(self.sft)])]["input_ids"]  # (window,)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    def collate(self, batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return self.sft.collate(batch)
 
 
 def sft_records(files: Iterable[str | Path] | None = None) -> Iterable[dict]:
@@ -88,17 +154,28 @@ def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: TrainSettings
               seed: int, answer_only: bool = True, files: Iterable[str | Path] | None = None,
               options: RunOptions | None = None, out_dir: str | Path | None = None,
               resume: bool = False, precision: str = "auto", device: str | None = None,
-              progress: bool = True, callbacks: Iterable[Callable[[dict], None]] = ()) -> SFTRun:
+              progress: bool = True, callbacks: Iterable[Callable[[dict], None]] = (),
+              replay_text: PretrainDataset | None = None) -> SFTRun:
     """Fine-tune ``model`` in place with ``settings`` (e.g. ``replace(settings, max_steps=50)``
     for a shorter run) on ``files`` (default: ``dataset_files("sft")``). Validation loss is
-    always answer-only, so both arms of the ablation are measured alike."""
+    always answer-only, so both arms of the ablation are measured alike. With
+    ``settings.replay`` > 0, windows of ``replay_text`` (pretraining text) join the
+    conversations (``ReplayMix``)."""
     train_set = sft_dataset(tokenizer, settings, files=files, answer_only=answer_only,
                             progress=progress)
-    if train_set.unrenderable:
-        print(f"sft: {train_set.unrenderable:,} record(s) with tools or thinking skipped: "
+    conversations = train_set
+    if getattr(settings, "replay", 0.0) > 0:
+        if replay_text is None:
+            raise ValueError("settings.replay > 0 needs replay_text (pretraining windows)")
+        train_set = ReplayMix(train_set, replay_text, settings.replay, seed)
+        print(f"sft: {train_set.windows:,} windows of pretraining text replayed beside "
+              f"{len(conversations):,} conversations (share {settings.replay:.0%} of the "
+              "supervised tokens)")
+    if conversations.unrenderable:
+        print(f"sft: {conversations.unrenderable:,} record(s) with tools or thinking skipped: "
               "MiniMind2's chat template, the course model's, cannot express them")
     config = TrainConfig.from_stage(settings, options, out_dir=out_dir, precision=precision,
                                     device=device, seed=seed, progress=progress)
     rows = train(model, train_set, config, eval_dataset=validation_dataset(tokenizer, settings),
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
-    return SFTRun(rows, len(train_set), train_set.skipped, train_set.unrenderable)
+    return SFTRun(rows, len(conversations), conversations.skipped, conversations.unrenderable)

@@ -39,18 +39,26 @@ def sft_sources(profile: Profile) -> list[Path]:
     return files + dataset_files("pretrain", profile.data_dir) if profile.sft.replay else files
 
 
+def pretraining_tokens(profile: Profile, tokenizer_file: Path, data_dir: Path,
+                       progress: bool = True) -> Path:
+    """The profile's pretraining text tokenised into ``data_dir`` (``tokenize_corpus``, reused
+    while its sources are unchanged): rank 0 tokenises, the other ranks wait, then all read."""
+    info = init_distributed()
+    if info.is_main:
+        tokenize_corpus(dataset_files("pretrain", profile.data_dir), tokenizer_file, data_dir,
+                        max_examples=profile.pretrain.max_examples, progress=progress)
+    if info.world_size > 1:
+        torch.distributed.barrier()
+    return data_dir
+
+
 def replay_text(profile: Profile, tokenizer_file: Path, data_dir: Path,
                 progress: bool = True) -> PretrainDataset | None:
     """The pretraining text SFT replays when ``profile.sft.replay`` > 0 (else None): the
-    corpus's training split, tokenised into ``data_dir`` (by rank 0), in windows that fill
-    SFT's sequences."""
+    corpus's training split (``pretraining_tokens``), in windows that fill SFT's sequences."""
     if not profile.sft.replay:
         return None
-    if init_distributed().is_main:
-        tokenize_corpus(dataset_files("pretrain", profile.data_dir), tokenizer_file, data_dir,
-                        max_examples=profile.pretrain.max_examples, progress=progress)
-    if init_distributed().world_size > 1:
-        torch.distributed.barrier()
+    pretraining_tokens(profile, tokenizer_file, data_dir, progress)
     return load_pretrain_split(data_dir, "train", profile.sft.seq_len - 1)
 
 

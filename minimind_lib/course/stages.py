@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from minimind_lib.core.atomic import atomic_write_text, read_json_lines
 from minimind_lib.core.checked_files import FileProblem, read_json
@@ -54,6 +53,7 @@ from minimind_lib.course.stage_data import (
     course_tokenizer_files,
     dpo_sources,
     lora_training_records,
+    pretraining_tokens,
     replay_text,
     sft_sources,
     training_data,
@@ -67,7 +67,7 @@ from minimind_lib.course.stage_eval import (
     write_eval,
 )
 from minimind_lib.data.hanzi_codes import task_records
-from minimind_lib.data.pretraining import load_pretrain_split, tokenize_corpus
+from minimind_lib.data.pretraining import load_pretrain_split
 from minimind_lib.data.readers import dataset_files
 from minimind_lib.evaluation.model_eval import ModelEval, eval_report
 from minimind_lib.evaluation.precision import formats_table, measure_formats
@@ -250,13 +250,8 @@ def pretrain_stage(ctx: StageContext) -> dict:
     """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
     from scratch on its windows, validating on the held-out split."""
     settings, info = ctx.profile.pretrain, init_distributed()
-    data_dir = ctx.out_dir / "data"
-    if info.is_main:  # one rank tokenises; the others wait, then read the same memmap
-        tokenize_corpus(dataset_files("pretrain", ctx.profile.data_dir),
-                        ctx.dir("tokenizer") / TOKENIZER_FILE,
-                        data_dir, max_examples=settings.max_examples, progress=ctx.progress)
-    if info.world_size > 1:
-        dist.barrier()
+    data_dir = pretraining_tokens(ctx.profile, ctx.dir("tokenizer") / TOKENIZER_FILE,
+                                  ctx.out_dir / "data", ctx.progress)
     meta = read_json(data_dir / PRETOKENIZED_META)
     if meta["vocab_size"] > ctx.profile.model.vocab_size:
         raise ValueError(f"the tokenizer has {meta['vocab_size']} tokens but the profile's model "

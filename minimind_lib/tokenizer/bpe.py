@@ -180,6 +180,10 @@ class BPETokenizer:
     def special_tokens(self) -> list[str]:
         return list(self._special)
 
+    def is_special(self, token: str) -> bool:
+        """Whether ``token`` is one of this tokenizer's special tokens (a dict lookup)."""
+        return token in self._special
+
     def token_to_id(self, token: str) -> int:
         if token not in self.vocab:
             raise KeyError(f"{token!r} is not a token of this tokenizer")

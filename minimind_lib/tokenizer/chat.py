@@ -118,7 +118,7 @@ def template_of(tokenizer: BPETokenizer) -> str:
     >>> template_of(tok), template_of(tok.add_special_tokens(TOOL_AND_THINK_TOKENS))
     ('minimind2', 'minimind-3')
     """
-    return ("minimind-3" if {THINK, TOOL_CALL} <= set(tokenizer.special_tokens)
+    return ("minimind-3" if tokenizer.is_special(THINK) and tokenizer.is_special(TOOL_CALL)
             else "minimind2")
 
 
@@ -152,7 +152,7 @@ def marker_id(tokenizer: BPETokenizer, marker: str, template: str = "minimind2")
     >>> marker_id(load_tokenizer(), "<|im_end|>")
     2
     """
-    if marker not in tokenizer.special_tokens:
+    if not tokenizer.is_special(marker):  # per marker of every example: a dict lookup
         raise ValueError(f"this tokenizer has no special token {marker!r}, which the "
                          f"{template} chat template needs as one id (its special tokens: "
                          f"{', '.join(tokenizer.special_tokens)}); use a tokenizer that "

@@ -166,7 +166,7 @@ def _tools_block(system: str | None, tools: Sequence[dict]) -> list[Piece]:
     convention = ("\n</tools>\n\nFor each function call, return a json object with function "
                   "name and arguments within ")
     return [(IM_START, True, False), ("system\n" + head + listing + convention, False, False),
-            (TOOL_CALL, True, False), ("", False, False), (TOOL_CALL_END, True, False),
+            (TOOL_CALL, True, False), (TOOL_CALL_END, True, False),
             (" XML tags:\n", False, False), (TOOL_CALL, True, False),
             ('\n{"name": <function-name>, "arguments": <args-json-object>}\n', False, False),
             (TOOL_CALL_END, True, False), (IM_END, True, False), ("\n", False, False)]

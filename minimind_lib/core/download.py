@@ -70,20 +70,22 @@ class Artifact:
     default_dir: Path
 
 
-def _model(name: str) -> Artifact:
-    return Artifact("model", {"huggingface": f"jingyaogong/{name}",
-                              "modelscope": f"gongjy/{name}"}, "model", None, DOWNLOAD_DIR / name)
+def _model_repos(name: str) -> dict[str, str]:
+    """Where MiniMind publishes model ``name``, by source."""
+    return {"huggingface": f"jingyaogong/{name}", "modelscope": f"gongjy/{name}"}
 
 
 ARTIFACTS = {
     "data": Artifact("data", {"huggingface": "jingyaogong/minimind_dataset",
                               "modelscope": "gongjy/minimind_dataset"},
                      "dataset", DATA_FILE_SETS["mini"], DOWNLOAD_DIR),
-    "model": _model("MiniMind2-Small"),
+    "model": Artifact("model", _model_repos("MiniMind2-Small"), "model", None,
+                      DOWNLOAD_DIR / "MiniMind2-Small"),
 }
-#: ``download model --name``: MiniMind's released transformers folders (the MiniMind-3 repos
-#: follow MiniMind's README; no network here to check the -moe one's name).
-MODELS = {name: _model(name) for name in ("MiniMind2-Small", "minimind-3", "minimind-3-moe")}
+#: ``download model --name``: MiniMind's released transformers folders, each fetched into
+#: ``data/minimind/<name>`` (the MiniMind-3 repos follow MiniMind's README; no network here to
+#: check the -moe one's name)
+MODELS = ("MiniMind2-Small", "minimind-3", "minimind-3-moe")
 
 
 def data_files(choice: Sequence[str] | None) -> tuple[str, ...]:
@@ -189,7 +191,8 @@ def download(name: str, to: str | os.PathLike | None = None, *, source: str = "h
     if name == "model" and model is not None:
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-        artifact = replace(MODELS[model], default_dir=artifact.default_dir.parent / model)
+        artifact = replace(artifact, repos=_model_repos(model),
+                           default_dir=artifact.default_dir.parent / model)
     dest = Path(to) if to is not None else default_dir(artifact)
     repo_id = repo_id or artifact.repos[source]
     if source == "modelscope":

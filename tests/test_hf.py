@@ -209,19 +209,24 @@ def test_minimind3_gives_qwen3s_logits(head_dim, attn):
     torch.testing.assert_close(back.eval()(ids).logits, ours.eval()(ids).logits, rtol=0, atol=0)
 
 
-def test_load_pretrained_reads_minimind3_as_qwen3_folder_and_pth(tmp_path):
-    ours = _minimind3().eval()
+def _folder_and_pth(ours: MiniMindForCausalLM, tmp_path) -> list[MiniMindForCausalLM]:
+    """``ours`` saved as MiniMind exports it (a transformers folder) and as its trainer writes
+    it (a ``.pth``), each loaded back with ``ours``' exact logits: the two loaded models."""
     ids = torch.randint(0, ours.config.vocab_size, (1, 12),
                         generator=torch.Generator().manual_seed(2))
-    want = ours(ids).logits
-    to_hf(ours).save_pretrained(tmp_path / "qwen3")  # MiniMind's own export format
-    folder = load_pretrained(tmp_path / "qwen3")
+    to_hf(ours).save_pretrained(tmp_path / "export")
+    torch.save(ours.state_dict(), tmp_path / "minimind3.pth")
+    loaded = [load_pretrained(tmp_path / "export"), load_pretrained(tmp_path / "minimind3.pth")]
+    for model in loaded:
+        torch.testing.assert_close(model(ids).logits, ours(ids).logits, rtol=0, atol=0)
+    return loaded
+
+
+def test_load_pretrained_reads_minimind3_as_qwen3_folder_and_pth(tmp_path):
+    folder, pth = _folder_and_pth(_minimind3().eval(), tmp_path)
     assert folder.config.qk_norm and folder.config.rms_norm_eps == 1e-6
-    torch.testing.assert_close(folder(ids).logits, want, rtol=0, atol=0)
-    torch.save(ours.state_dict(), tmp_path / "minimind3.pth")  # MiniMind's trainer output
-    pth = load_pretrained(tmp_path / "minimind3.pth")  # heads and head_dim off the shapes
+    # heads and head_dim off the shapes
     assert pth.config.qk_norm and pth.config.head_dim == 16 and pth.config.intermediate_size == 256
-    torch.testing.assert_close(pth(ids).logits, want, rtol=0, atol=0)
 
 
 def _minimind3_moe(top_k: int = 1, seed: int = 0) -> MiniMindForCausalLM:
@@ -286,18 +291,10 @@ def test_minimind3_moe_gives_qwen3_moes_logits_and_routing(top_k):
 
 def test_load_pretrained_reads_minimind3_moe_folder_and_pth(tmp_path):
     ours = _minimind3_moe().eval()
-    ids = torch.randint(0, ours.config.vocab_size, (1, 12),
-                        generator=torch.Generator().manual_seed(2))
-    want = ours(ids).logits
-    to_hf(ours).save_pretrained(tmp_path / "qwen3_moe")
-    folder = load_pretrained(tmp_path / "qwen3_moe")
+    folder, pth = _folder_and_pth(ours, tmp_path)
     assert folder.config == ours.config
-    torch.testing.assert_close(folder(ids).logits, want, rtol=0, atol=0)
-    torch.save(ours.state_dict(), tmp_path / "full_sft_768_moe.pth")  # MiniMind's own names
-    pth = load_pretrained(tmp_path / "full_sft_768_moe.pth")
     assert (pth.config.num_experts_per_tok, pth.config.router_aux_loss_coef,
             pth.config.n_shared_experts) == (1, 5e-4, 0)
-    torch.testing.assert_close(pth(ids).logits, want, rtol=0, atol=0)
     with pytest.raises(ValueError, match="MiniMind2's MoE as a Qwen3-MoE"):
         to_hf(make_model(MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                         num_attention_heads=4, use_moe=True, qk_norm=True)))

@@ -34,6 +34,8 @@ VARIANTS = {
     "baseline": [],
     "replay_0.25": ["sft.replay=0.25"],
     "replay_0.5": ["sft.replay=0.5"],
+    "replay_0.25_w64": ["sft.replay=0.25", "sft.replay_window=64"],
+    "replay_0.5_w64": ["sft.replay=0.5", "sft.replay_window=64"],
     "lr_0.3x": ["sft.learning_rate=3e-4"],
     "half_steps": ["sft.max_steps=1000"],
 }

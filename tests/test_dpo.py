@@ -12,6 +12,7 @@ from tiny import tiny_model
 
 import minimind_lib.training.dpo as dpo_module
 from minimind_lib.course.profiles import get_profile
+from minimind_lib.course.stage_data import training_questions
 from minimind_lib.course.stages import STAGES, StageContext
 from minimind_lib.data import sft_example
 from minimind_lib.evaluation.preferences import summarize_preferences
@@ -369,8 +370,8 @@ def test_dpo_stage_on_policy_pairs_the_models_own_answers(tmp_path, capsys):
     smoke = get_profile("smoke")
     assert smoke.dpo.pairs == "on_policy"
     profile = replace(smoke, eval_per_task=2,
-                      dpo=replace(smoke.dpo, questions=24, max_steps=3, warmup_steps=1,
-                                  eval_every=3, save_every=3, nll_weight=1.0))
+                      dpo=replace(smoke.dpo, questions=24, val_questions=8, max_steps=3,
+                                  warmup_steps=1, eval_every=3, save_every=3, nll_weight=1.0))
     (tmp_path / "tokenizer").mkdir()
     TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
     save_model(tiny_model(), tmp_path / "sft")
@@ -384,4 +385,26 @@ def test_dpo_stage_on_policy_pairs_the_models_own_answers(tmp_path, capsys):
     assert counts["pairs"] + counts["all_right"] + counts["too_long"] == 24
     rows = [json.loads(line) for line in (ctx.out_dir / "metrics.jsonl").open()]
     assert all("nll" in r for r in rows)
-    assert "on-policy pairs" in capsys.readouterr().out
+    # validation: the untrained model answers every held-out question wrong, so each of the 8
+    # gives a pair; the offline pairs' loss is logged beside it, and the two differ
+    assert summary["val_pairs"] == 8
+    last = rows[-1]
+    assert {"val_loss", "offline_val_loss"} <= set(last)
+    assert last["val_loss"] != last["offline_val_loss"]
+    assert summary["final_offline_val_loss"] == last["offline_val_loss"]
+    out = capsys.readouterr().out
+    assert "on-policy pairs" in out and "8 on-policy pairs from 8 held-out" in out
+
+
+def test_dpo_validation_questions_are_none_of_the_training_questions():
+    """``training_questions``' held-out sample: seeded, of the same tasks, no prompt shared with
+    the training sample; the training sample is the same with or without it."""
+    profile = get_profile("smoke")
+    train, val = training_questions(profile, "skill", 50, "dpo", held_out=20)
+    assert len(train) == 50 and len(val) == 20
+    prompts = {json.dumps(q.messages, ensure_ascii=False) for q in train}
+    assert not any(json.dumps(q.messages, ensure_ascii=False) in prompts for q in val)
+    assert {q.family for q in val} == {"skill"}
+    again, none = training_questions(profile, "skill", 50, "dpo")
+    assert again == train and none == []
+    assert training_questions(profile, "skill", 50, "dpo", held_out=20)[1] == val

@@ -261,13 +261,14 @@ def test_replay_mix_gives_text_its_share_of_the_supervised_tokens(tmp_path, shar
     assert batch["input_ids"].shape == batch["labels"].shape == (4, width)
 
 
-def test_sft_stage_replays_pretraining_text(tmp_path):
+def test_sft_stage_replays_pretraining_text(tmp_path, capsys):
     from minimind_lib.__main__ import main
     from minimind_lib.course.stages import read_marker
 
     assert main(["sft", "--profile", "smoke", "--out", str(tmp_path), "--set", "sft.replay=0.5",
-                 "--set", "sft.max_steps=3", "--set", "pretrain.max_steps=3",
-                 "--set", "eval_per_task=2"]) == 0
+                 "--set", "sft.replay_window=32", "--set", "sft.max_steps=3",
+                 "--set", "pretrain.max_steps=3", "--set", "eval_per_task=2"]) == 0
+    assert " windows of 32 tokens of pretraining text replayed" in capsys.readouterr().out
     marker = read_marker(tmp_path / "sft")
     assert marker["fingerprint"]["settings"]["replay"] == 0.5
     assert any("pretrain_sample" in f for f in marker["fingerprint"]["data"])
@@ -275,3 +276,5 @@ def test_sft_stage_replays_pretraining_text(tmp_path):
     with pytest.raises(ValueError, match=r"replay must be in \[0, 1\)"):
         from minimind_lib.course.profiles import get_profile, override
         override(get_profile("smoke"), {"sft.replay": "1"})
+    with pytest.raises(ValueError, match=r"replay_window must be in \[2, seq_len="):
+        override(get_profile("smoke"), {"sft.replay_window": "100000"})

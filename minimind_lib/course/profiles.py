@@ -129,7 +129,7 @@ def _smoke() -> Profile:
         # (-0.8..-0.4 points); lr 1e-3 x 120 steps raised it by +0.9..+1.2 points over 3 seeds
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=1e-3, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000,
-                        questions=128, nll_weight=1.0),
+                        questions=128, val_questions=32, nll_weight=1.0),
         lora=LoRASettings(batch_size=16, seq_len=96, learning_rate=5e-3, max_steps=40,
                           warmup_steps=5, weight_decay=0.0, eval_every=10, save_every=40,
                           max_examples=2000, replay=0.5),

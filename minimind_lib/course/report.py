@@ -62,7 +62,7 @@ def _summary(summary: dict) -> str:
         size, ppl = summary["size_bytes"], summary["perplexity"]
         return (f"int8 {size['int8 (ours)'] / size['fp32']:.2f}x the fp32 bytes; perplexity "
                 f"fp32 {ppl['fp32']:.4g}, int8 {ppl['int8 (ours)']:.4g}")
-    keys = ("steps", "tokens", "final_loss", "final_val_loss")
+    keys = ("steps", "tokens", "final_loss", "final_val_loss", "final_offline_val_loss")
     parts = [f"{k} {_fmt(summary[k])}" for k in keys if summary.get(k) is not None]
     for k, v in (summary.get("preference_accuracy") or {}).items():
         parts.append(f"{k} acc. {v:.1%}")

@@ -55,11 +55,11 @@ def pretraining_tokens(profile: Profile, tokenizer_file: Path, data_dir: Path,
 def replay_text(profile: Profile, tokenizer_file: Path, data_dir: Path,
                 progress: bool = True) -> PretrainDataset | None:
     """The pretraining text SFT replays when ``profile.sft.replay`` > 0 (else None): the
-    corpus's training split (``pretraining_tokens``), in windows that fill SFT's sequences."""
+    corpus's training split (``pretraining_tokens``), in windows of ``sft.window`` tokens."""
     if not profile.sft.replay:
         return None
     pretraining_tokens(profile, tokenizer_file, data_dir, progress)
-    return load_pretrain_split(data_dir, "train", profile.sft.seq_len - 1)
+    return load_pretrain_split(data_dir, "train", profile.sft.window - 1)
 
 
 def course_tokenizer_files(_: Profile) -> list[Path]:
@@ -72,10 +72,12 @@ def dpo_sources(profile: Profile) -> list[Path]:
     return dataset_files("sft" if profile.dpo.pairs == "on_policy" else "dpo", profile.data_dir)
 
 
-def training_questions(profile: Profile, tasks: str, count: int | None,
-                       stage: str) -> list[Question]:
+def training_questions(profile: Profile, tasks: str, count: int | None, stage: str,
+                       held_out: int = 0) -> tuple[list[Question], list[Question]]:
     """A seeded sample of ``count`` checkable training questions of ``tasks`` (None: all) from
-    the profile's SFT data; ``stage`` names who asks, for the error when there are none."""
+    the profile's SFT data, and a second seeded sample of ``held_out`` questions whose prompts
+    are none of the first's (a validation set of the same kind); ``stage`` names who asks, for
+    the error when there are none."""
     records = (r for path in dataset_files("sft", profile.data_dir)
                for r in read_jsonl(path, "sft"))
     questions = verifiable_questions(records, None)
@@ -85,7 +87,16 @@ def training_questions(profile: Profile, tasks: str, count: int | None,
                          + (", or use --set dpo.pairs=offline" if stage == "dpo" else ""))
     wanted = select_tasks(tasks, {q.task: q.family for q in questions})
     questions = [q for q in questions if q.task in wanted]
-    return questions if count is None else reservoir_sample(questions, count, profile.seed)
+    train = questions if count is None else reservoir_sample(questions, count, profile.seed)
+    if not held_out:
+        return train, []
+    seen = {_prompt_key(q) for q in train}
+    rest = [q for q in questions if _prompt_key(q) not in seen]
+    return train, reservoir_sample(rest, held_out, profile.seed + 1)
+
+
+def _prompt_key(question: Question) -> tuple:
+    return tuple((m["role"], m.get("content")) for m in question.messages)
 
 
 def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict]:

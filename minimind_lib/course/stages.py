@@ -312,10 +312,13 @@ def sft_stage(ctx: StageContext) -> dict:
 
 @register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=dpo_sources,
           serves=True, settings="dpo", evaluates=True, title="DPO",
-          curves=("reward_margin", "reward_accuracy"),
-          validation="the DPO loss (with its NLL term when nll_weight > 0) on the held-out "
-                     "offline pairs (data/eval/dpo_eval*.jsonl), whatever pairs the stage trains "
-                     "on: with on-policy pairs it can rise while exact match improves",
+          curves=("reward_margin", "reward_accuracy", "offline_val_loss"),
+          validation="the DPO loss (with its NLL term when nll_weight > 0) on held-out pairs of "
+                     "the kind the stage trains on: on-policy, the SFT model's own graded answers "
+                     "to dpo.val_questions training questions it never trains on (offline: the "
+                     "held-out pairs of data/eval/dpo_eval*.jsonl). offline_val_loss, on-policy "
+                     "only: the same loss on those offline pairs, answers other models wrote; it "
+                     "can rise while exact match improves, as the policy leaves their style",
           description="direct preference optimization of the SFT model against its frozen copy, "
                       "on pairs of its own graded answers (or the offline pairs); evaluates "
                       "before and after")
@@ -329,14 +332,15 @@ def dpo_stage(ctx: StageContext) -> dict:
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
     sft_eval = _start_eval(ctx, policy, tokenizer)
-    train_set, pair_counts = _dpo_pairs(ctx, policy, tokenizer)
+    train_set, val_set, pair_counts = _dpo_pairs(ctx, policy, tokenizer)
     held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
-
+    validation = ({"val_loss": val_set, "offline_val_loss": held_out} if val_set is not None
+                  else {"val_loss": held_out})
     config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
                                     precision=ctx.precision, device=ctx.device, seed=profile.seed,
                                     progress=ctx.progress)
     rows = train_dpo(policy, train_set, config, beta=settings.beta,
-                     nll_weight=settings.nll_weight, eval_set=held_out, resume=ctx.resume,
+                     nll_weight=settings.nll_weight, eval_set=validation, resume=ctx.resume,
                      callbacks=ctx.callbacks)
     prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
                                  device=ctx.device)
@@ -349,6 +353,8 @@ def dpo_stage(ctx: StageContext) -> dict:
           + eval_report(evals))
     before, after = (summarize_preferences(p)["all"] for p in (prefs.sft, prefs.dpo))
     return {**training_summary(rows), "pairs": len(train_set), "pair_source": settings.pairs,
+            "val_pairs": len(val_set) if val_set is not None else 0,
+            "final_offline_val_loss": _last(rows, "offline_val_loss"),
             "dropped": train_set.dropped, "eval": EVAL_FILE,
             "preference_accuracy": {"sft_logprob": before.logprob_accuracy,
                                     "dpo_logprob": after.logprob_accuracy,
@@ -356,9 +362,16 @@ def dpo_stage(ctx: StageContext) -> dict:
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
 
 
-def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
-               tokenizer: BPETokenizer) -> tuple[DPODataset, dict]:
-    """The DPO stage's training pairs, and (on-policy) what became of the questions per task."""
+def _last(rows: list[dict], key: str) -> float | None:
+    """The last value of ``key`` in metrics ``rows`` (None when never logged)."""
+    return next((r[key] for r in reversed(rows) if key in r), None)
+
+
+def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM, tokenizer: BPETokenizer
+               ) -> tuple[DPODataset, DPODataset | None, dict]:
+    """The DPO stage's training pairs, its on-policy validation pairs (None: offline pairs, or
+    ``val_questions`` 0 or without a pair), and (on-policy) what became of the training
+    questions per task."""
     profile, settings = ctx.profile, ctx.profile.dpo
     if settings.pairs == "offline":
         # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of
@@ -368,20 +381,35 @@ def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM,
                    else settings.max_steps * settings.batch_size * settings.accumulation_steps)
         return DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
                                      settings.seq_len, max_examples=settings.max_examples,
-                                     sample=visited, seed=profile.seed), {}
-    questions = training_questions(profile, settings.tasks, settings.questions, "dpo")
+                                     sample=visited, seed=profile.seed), None, {}
+    questions, val_questions = training_questions(profile, settings.tasks, settings.questions,
+                                                  "dpo", held_out=settings.val_questions)
     device = pick_device(ctx.device)
     precision = pick_precision(device, ctx.precision)
     policy.to(device)
-    with precision.context(device):
-        train_set, counts = on_policy_pairs(
-            policy, tokenizer, questions, samples=settings.samples,
-            temperature=settings.temperature,
-            max_new_tokens=answer_budget(tokenizer, [{"answer": q.answer} for q in questions]),
-            seq_len=settings.seq_len, pairs_per_question=settings.pairs_per_question,
-            generator=torch.Generator(device).manual_seed(profile.seed), progress=ctx.progress)
+    generator = torch.Generator(device).manual_seed(profile.seed)
+    budget = answer_budget(tokenizer, [{"answer": q.answer} for q in questions])
+
+    def pairs(asked: list) -> tuple[DPODataset, dict]:
+        with precision.context(device):
+            return on_policy_pairs(policy, tokenizer, asked, samples=settings.samples,
+                                   temperature=settings.temperature, max_new_tokens=budget,
+                                   seq_len=settings.seq_len,
+                                   pairs_per_question=settings.pairs_per_question,
+                                   generator=generator, progress=ctx.progress)
+
+    train_set, counts = pairs(questions)
     print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
-    return train_set, {task: asdict(c) for task, c in counts.items()}
+    val_set = None
+    if val_questions:
+        val_set, _ = pairs(val_questions)
+        print(f"validation: {len(val_set):,} on-policy pairs from {len(val_questions):,} held-out "
+              "training questions")
+        if not len(val_set):
+            print("validation: no held-out question gave a pair (every sample right); the "
+                  "validation loss is the offline pairs'")
+            val_set = None
+    return train_set, val_set, {task: asdict(c) for task, c in counts.items()}
 
 
 def _stored_start_eval(ctx: StageContext) -> ModelEval | None:
@@ -412,7 +440,7 @@ def grpo_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.grpo
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
-    questions = training_questions(profile, settings.tasks, None, "grpo")
+    questions, _ = training_questions(profile, settings.tasks, None, "grpo")
     # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
     held_out = verifiable_questions(select_per_task(load_eval_records(),
                                                     min(50, profile.eval_per_task)), settings.tasks)

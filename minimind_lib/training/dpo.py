@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TypeVar
@@ -81,7 +81,10 @@ class DPOSettings(TrainSettings):
     family names, ``rollout.select_tasks``; a seeded sample), each answered greedily plus
     ``samples - 1`` times at ``temperature`` by the starting model, paired right vs wrong
     (``on_policy_pairs``). ``pairs="offline"``: the bundled (or MiniMind's) DPO pairs.
-    ``nll_weight``: the weight of the chosen answers' NLL added to the loss (``DPOLoss``)."""
+    ``nll_weight``: the weight of the chosen answers' NLL added to the loss (``DPOLoss``).
+    ``val_questions``: on-policy, further training questions (none of the ``questions``) whose
+    pairs, made the same way, are the validation set (``val_loss``): the held-out loss on the
+    kind of pairs the stage trains on. 0: validate on the offline held-out pairs only."""
 
     beta: float = 0.1
     pairs: str = "on_policy"
@@ -91,6 +94,7 @@ class DPOSettings(TrainSettings):
     tasks: str = "skill"
     nll_weight: float = 0.0
     pairs_per_question: int = 1  # on-policy: the chosen answer against up to this many wrong ones
+    val_questions: int = 200
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,6 +112,8 @@ class DPOSettings(TrainSettings):
         if self.pairs_per_question < 1:
             raise ValueError(f"DPOSettings.pairs_per_question must be at least 1, got "
                              f"{self.pairs_per_question}")
+        if self.val_questions < 0:
+            raise ValueError(f"DPOSettings.val_questions must be >= 0, got {self.val_questions}")
         if self.questions is not None and self.questions <= 0:
             raise ValueError(f"DPOSettings.questions must be positive or None, got "
                              f"{self.questions}")
@@ -480,7 +486,8 @@ class DPOLoss:
 
 def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
               beta: float = 0.1, nll_weight: float = 0.0, reference: nn.Module | None = None,
-              precompute_reference: bool = True, eval_set: DPODataset | None = None,
+              precompute_reference: bool = True,
+              eval_set: DPODataset | Mapping[str, DPODataset] | None = None,
               resume: bool = False,
               callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
     """DPO-train ``policy`` in place with the training engine; return its metrics rows.
@@ -490,20 +497,22 @@ def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
     and the log-probs are attached to the datasets: each step then runs one forward pass
     instead of two, and no second model is kept in memory (with the default reference it is
     never even copied: the policy scores the pairs before its first update). Otherwise the
-    reference is a frozen copy (``frozen_copy``) run on every batch.
+    reference is a frozen copy (``frozen_copy``) run on every batch. ``eval_set`` is the
+    validation set (``val_loss``), or ``{metric name: pairs}`` for several (``loop.train``).
     """
     reference = reference if reference is not None else policy
+    eval_sets = (dict(eval_set) if isinstance(eval_set, Mapping)
+                 else {} if eval_set is None else {"val_loss": eval_set})
     if precompute_reference:
         device = pick_device(config.device)
         precision = pick_precision(device, config.precision)
-        for dataset in (train_set, eval_set):
-            if dataset is not None:
-                dataset.set_reference(pair_logprobs(reference, dataset, device=device,
-                                                    precision=precision))
+        for dataset in (train_set, *eval_sets.values()):
+            dataset.set_reference(pair_logprobs(reference, dataset, device=device,
+                                                precision=precision))
         loss_fn = DPOLoss(beta, nll_weight=nll_weight)
     else:
         loss_fn = DPOLoss(beta, frozen_copy(reference), nll_weight=nll_weight)
-    return train(policy, train_set, config, loss_fn=loss_fn, eval_dataset=eval_set,
+    return train(policy, train_set, config, loss_fn=loss_fn, eval_dataset=eval_sets or None,
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
 
 

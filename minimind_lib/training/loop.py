@@ -49,7 +49,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -494,6 +494,8 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     The plug-ins: ``loss_fn(model, batch)`` replaces the default loss; ``step_fn(run, step)``
     replaces the whole optimizer step (``BatchStep`` by default; GRPO samples in its own);
     ``eval_fn(model) -> {name: value}`` replaces the validation loss on ``eval_dataset``.
+    ``eval_dataset`` may be a mapping ``{metric name: dataset}`` to validate on several sets
+    (DPO: ``{"val_loss": on-policy pairs, "offline_val_loss": offline pairs}``).
     """
     loss_fn = loss_fn or default_loss
     info = init_distributed()
@@ -503,7 +505,9 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     run = start_run(model, dataset, config, collate_fn=collate_fn, resume=resume)
     step_fn = step_fn or BatchStep(loss_fn, config.accumulation_steps, config.grad_clip)
     if eval_fn is None and eval_dataset is not None:
-        eval_fn = partial(_validation_loss, dataset=eval_dataset, config=config, run=run,
+        sets = (dict(eval_dataset) if isinstance(eval_dataset, Mapping)
+                else {"val_loss": eval_dataset})
+        eval_fn = partial(_validation_loss, sets=sets, config=config, run=run,
                           loss_fn=loss_fn, collate_fn=collate_fn)
     log = RunLog(config, run, resume, callbacks, step_fn)
     rows, bad_streak, t_start = [], 0, time.perf_counter()
@@ -536,13 +540,15 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     return rows
 
 
-def _validation_loss(model: nn.Module, *, dataset: Dataset, config: TrainConfig, run: TrainRun,
-                     loss_fn: LossFn, collate_fn: Callable | None) -> dict[str, float]:
-    """The default validation: ``val_loss``, the mean loss of the first ``eval_batches``."""
-    return {"val_loss": evaluate_loss(model, dataset, batch_size=config.batch_size,
-                                      max_batches=config.eval_batches, device=run.device,
-                                      precision=run.precision, loss_fn=loss_fn,
-                                      collate_fn=collate_fn)}
+def _validation_loss(model: nn.Module, *, sets: Mapping[str, Dataset], config: TrainConfig,
+                     run: TrainRun, loss_fn: LossFn,
+                     collate_fn: Callable | None) -> dict[str, float]:
+    """The default validation: per named set (``val_loss`` by default), the mean loss of its
+    first ``eval_batches`` batches."""
+    return {name: evaluate_loss(model, dataset, batch_size=config.batch_size,
+                                max_batches=config.eval_batches, device=run.device,
+                                precision=run.precision, loss_fn=loss_fn, collate_fn=collate_fn)
+            for name, dataset in sets.items()}
 
 
 def plan_line(config: TrainConfig, num_examples: int, world_size: int = 1) -> str:

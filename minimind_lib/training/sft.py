@@ -60,20 +60,38 @@ from minimind_lib.training.settings import RunOptions, TrainConfig, TrainSetting
 class SFTSettings(TrainSettings):
     """The ``sft`` stage's hyper-parameters: a ``TrainSettings`` plus ``replay``, the share of
     the loss's tokens that are pretraining text (``ReplayMix``; 0: conversations only), which
-    keeps the model modelling text while it learns to answer (issue: catastrophic forgetting).
+    keeps the model modelling text while it learns to answer (catastrophic forgetting:
+    notebook 05), and ``replay_window``, the tokens of one replayed window (0: ``seq_len``).
+
+    Short windows cost less: ``collate`` pads a batch to its longest row, so one full-width
+    window among short conversations makes the whole batch that wide.
 
     >>> SFTSettings(replay=1.0)
     Traceback (most recent call last):
     ...
     ValueError: SFTSettings.replay must be in [0, 1), got 1.0
+    >>> SFTSettings(seq_len=256, replay_window=512)
+    Traceback (most recent call last):
+    ...
+    ValueError: SFTSettings.replay_window must be in [2, seq_len=256] (0: seq_len), got 512
     """
 
     replay: float = 0.0
+    replay_window: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        name = type(self).__name__
         if not 0.0 <= self.replay < 1.0:
-            raise ValueError(f"{type(self).__name__}.replay must be in [0, 1), got {self.replay}")
+            raise ValueError(f"{name}.replay must be in [0, 1), got {self.replay}")
+        if self.replay_window != 0 and not 2 <= self.replay_window <= self.seq_len:
+            raise ValueError(f"{name}.replay_window must be in [2, seq_len={self.seq_len}] "
+                             f"(0: seq_len), got {self.replay_window}")
+
+    @property
+    def window(self) -> int:
+        """Tokens per replayed window of pretraining text."""
+        return self.replay_window or self.seq_len
 
 
 class ReplayMix(Dataset):
@@ -168,7 +186,8 @@ def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: TrainSettings
         if replay_text is None:
             raise ValueError("settings.replay > 0 needs replay_text (pretraining windows)")
         train_set = ReplayMix(train_set, replay_text, settings.replay, seed)
-        print(f"sft: {train_set.windows:,} windows of pretraining text replayed beside "
+        print(f"sft: {train_set.windows:,} windows of {replay_text.seq_len + 1} tokens of "
+              "pretraining text replayed beside "
               f"{len(conversations):,} conversations (share {settings.replay:.0%} of the "
               "supervised tokens)")
     if conversations.unrenderable:

@@ -1,5 +1,6 @@
 """SFT: the answer-only mask contract, the dataset, and SFT end to end in the smoke profile."""
 
+import importlib.util
 import itertools
 import math
 
@@ -8,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minimind_lib import DATA_DIR
+from minimind_lib import DATA_DIR, REPO_ROOT
 from minimind_lib.data import read_jsonl, sft_example
 from minimind_lib.data.conversations import SFTDataset, pad_sft_batch
 from minimind_lib.model import IGNORE_INDEX
@@ -273,6 +274,15 @@ def test_sft_stage_replays_pretraining_text(tmp_path, capsys):
     assert marker["fingerprint"]["settings"]["replay"] == 0.5
     assert any("pretrain_sample" in f for f in marker["fingerprint"]["data"])
     assert (tmp_path / "sft" / "replay_data" / "train.bin").is_file()
+    # the forgetting sweep's table row reads what the stage wrote (benchmarks/forgetting_sweep.py)
+    spec = importlib.util.spec_from_file_location(
+        "forgetting_sweep", REPO_ROOT / "benchmarks" / "forgetting_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    sweep.VARIANTS["sft"][tmp_path.name] = ["sft.replay=0.5"]  # the run's folder is the variant's
+    cells = sweep.row("sft", tmp_path.name, tmp_path.parent).split("|")
+    assert len(cells) - 2 == sweep.header("sft").splitlines()[0].count("|") - 1
+    assert cells[2].strip() == "sft.replay=0.5" and "x)" in cells[3]
     with pytest.raises(ValueError, match=r"replay must be in \[0, 1\)"):
         from minimind_lib.course.profiles import get_profile, override
         override(get_profile("smoke"), {"sft.replay": "1"})

@@ -53,6 +53,8 @@ VARIANTS = {
         "beta_0.3": ["dpo.beta=0.3"],
         "beta_0.03": ["dpo.beta=0.03"],
         "lr_0.3x": ["dpo.learning_rate=1e-4"],
+        "replay_1": ["dpo.replay_weight=1.0"],
+        "replay_0.3": ["dpo.replay_weight=0.3"],
     },
 }
 #: the stage each stage's "before" model comes from (the key of its eval.json entry)

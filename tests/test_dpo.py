@@ -371,7 +371,8 @@ def test_dpo_stage_on_policy_pairs_the_models_own_answers(tmp_path, capsys):
     assert smoke.dpo.pairs == "on_policy"
     profile = replace(smoke, eval_per_task=2,
                       dpo=replace(smoke.dpo, questions=24, val_questions=8, max_steps=3,
-                                  warmup_steps=1, eval_every=3, save_every=3, nll_weight=1.0))
+                                  warmup_steps=1, eval_every=3, save_every=3, nll_weight=1.0,
+                                  replay_weight=0.5, replay_window=32))
     (tmp_path / "tokenizer").mkdir()
     TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
     save_model(tiny_model(), tmp_path / "sft")
@@ -384,7 +385,8 @@ def test_dpo_stage_on_policy_pairs_the_models_own_answers(tmp_path, capsys):
     assert counts["questions"] == 24 and counts["pairs"] == summary["pairs"]
     assert counts["pairs"] + counts["all_right"] + counts["too_long"] == 24
     rows = [json.loads(line) for line in (ctx.out_dir / "metrics.jsonl").open()]
-    assert all("nll" in r for r in rows)
+    assert all("nll" in r and "text_nll" in r for r in rows)  # replayed pretraining text
+    assert (ctx.out_dir / "replay_data" / "train.bin").is_file()
     # validation: the untrained model answers every held-out question wrong, so each of the 8
     # gives a pair; the offline pairs' loss is logged beside it, and the two differ
     assert summary["val_pairs"] == 8
@@ -408,3 +410,31 @@ def test_dpo_validation_questions_are_none_of_the_training_questions():
     again, none = training_questions(profile, "skill", 50, "dpo")
     assert again == train and none == []
     assert training_questions(profile, "skill", 50, "dpo", held_out=20)[1] == val
+
+
+def test_dpo_loss_adds_the_replayed_texts_next_token_loss(tmp_path):
+    """``replay_weight``: the loss of a batch with ``text_ids`` is the pairs' loss plus that
+    weight times the model's next-token loss on the text; validation batches carry no text."""
+    import numpy as np
+
+    from minimind_lib.data.pretraining import PretrainDataset
+    from minimind_lib.training.dpo import PairsWithText
+
+    path = tmp_path / "train.bin"
+    np.arange(3, 400, dtype=np.uint16).tofile(path)
+    model = tiny_model()
+    pairs = DPODataset(PAIRS[:6], TOK, 64)
+    pairs.set_reference(pair_logprobs(model, pairs, device="cpu", precision="fp32"))
+    data = PairsWithText(pairs, PretrainDataset(path, seq_len=15), seed=0)
+    batch = data.collate([data[i] for i in range(4)])
+    assert batch["text_ids"].shape == (4, 16)
+    windows = {tuple(data[i]["text_ids"].tolist()) for i in range(len(data))}
+    assert len(windows) == 6  # drawn without repetition while the text lasts
+    plain, _ = DPOLoss(0.1, nll_weight=1.0)(model, batch)
+    loss, metrics = DPOLoss(0.1, nll_weight=1.0, replay_weight=0.5)(model, batch)
+    text_nll = model(batch["text_ids"], labels=batch["text_ids"]).loss
+    torch.testing.assert_close(loss, plain + 0.5 * text_nll)
+    torch.testing.assert_close(metrics["text_nll"], text_nll.detach())
+    assert "text_ids" not in data.collate([pairs[0], pairs[1]])  # validation pairs: no text
+    with pytest.raises(ValueError, match="replay_weight > 0 needs replay_text"):
+        train_dpo(model, pairs, TrainConfig(max_steps=1), replay_weight=1.0)

@@ -52,14 +52,13 @@ def pretraining_tokens(profile: Profile, tokenizer_file: Path, data_dir: Path,
     return data_dir
 
 
-def replay_text(profile: Profile, tokenizer_file: Path, data_dir: Path,
-                progress: bool = True) -> PretrainDataset | None:
-    """The pretraining text SFT replays when ``profile.sft.replay`` > 0 (else None): the
-    corpus's training split (``pretraining_tokens``), in windows of ``sft.window`` tokens."""
-    if not profile.sft.replay:
-        return None
+def replay_text(profile: Profile, tokenizer_file: Path, data_dir: Path, window: int,
+                progress: bool = True) -> PretrainDataset:
+    """The pretraining text a fine-tuning stage replays (SFT's ``replay``, DPO's
+    ``replay_weight``): the corpus's training split (``pretraining_tokens``), in windows of
+    ``window`` tokens."""
     pretraining_tokens(profile, tokenizer_file, data_dir, progress)
-    return load_pretrain_split(data_dir, "train", profile.sft.window - 1)
+    return load_pretrain_split(data_dir, "train", window - 1)
 
 
 def course_tokenizer_files(_: Profile) -> list[Path]:
@@ -68,8 +67,12 @@ def course_tokenizer_files(_: Profile) -> list[Path]:
 
 
 def dpo_sources(profile: Profile) -> list[Path]:
-    """On-policy DPO samples questions from the SFT data; offline DPO reads the DPO pairs."""
-    return dataset_files("sft" if profile.dpo.pairs == "on_policy" else "dpo", profile.data_dir)
+    """On-policy DPO samples questions from the SFT data; offline DPO reads the DPO pairs; the
+    pretraining text too when DPO replays it (``dpo.replay_weight``)."""
+    files = dataset_files("sft" if profile.dpo.pairs == "on_policy" else "dpo", profile.data_dir)
+    if profile.dpo.replay_weight:
+        files += dataset_files("pretrain", profile.data_dir)
+    return files
 
 
 def training_questions(profile: Profile, tasks: str, count: int | None, stage: str,

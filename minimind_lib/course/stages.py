@@ -67,7 +67,7 @@ from minimind_lib.course.stage_eval import (
     write_eval,
 )
 from minimind_lib.data.hanzi_codes import task_records
-from minimind_lib.data.pretraining import load_pretrain_split
+from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split
 from minimind_lib.data.readers import dataset_files
 from minimind_lib.evaluation.model_eval import ModelEval, eval_report
 from minimind_lib.evaluation.precision import formats_table, measure_formats
@@ -295,8 +295,8 @@ def sft_stage(ctx: StageContext) -> dict:
                     files=dataset_files("sft", profile.data_dir), options=profile.train,
                     out_dir=ctx.out_dir, resume=ctx.resume, precision=ctx.precision,
                     device=ctx.device, progress=ctx.progress, callbacks=ctx.callbacks,
-                    replay_text=replay_text(profile, ctx.dir("tokenizer") / TOKENIZER_FILE,
-                                            ctx.out_dir / "replay_data", ctx.progress))
+                    replay_text=_replay_text(ctx, profile.sft.window)
+                    if profile.sft.replay else None)
     if not info.is_main:
         return {}
     model = model.cpu()
@@ -312,7 +312,7 @@ def sft_stage(ctx: StageContext) -> dict:
 
 @register("dpo", requires=("tokenizer", "sft"), starts_from="sft", sources=dpo_sources,
           serves=True, settings="dpo", evaluates=True, title="DPO",
-          curves=("reward_margin", "reward_accuracy", "offline_val_loss"),
+          curves=("reward_margin", "reward_accuracy", "offline_val_loss", "text_nll"),
           validation="the DPO loss (with its NLL term when nll_weight > 0) on held-out pairs of "
                      "the kind the stage trains on: on-policy, the SFT model's own graded answers "
                      "to dpo.val_questions training questions it never trains on (offline: the "
@@ -341,7 +341,9 @@ def dpo_stage(ctx: StageContext) -> dict:
                                     progress=ctx.progress)
     rows = train_dpo(policy, train_set, config, beta=settings.beta,
                      nll_weight=settings.nll_weight, eval_set=validation, resume=ctx.resume,
-                     callbacks=ctx.callbacks)
+                     callbacks=ctx.callbacks, replay_weight=settings.replay_weight,
+                     replay_text=_replay_text(ctx, settings.replay_window)
+                     if settings.replay_weight else None, seed=profile.seed)
     prefs = evaluate_preferences(policy, held_out, held_out.ref_logps, precision=ctx.precision,
                                  device=ctx.device)
     policy = policy.cpu()
@@ -360,6 +362,12 @@ def dpo_stage(ctx: StageContext) -> dict:
                                     "dpo_logprob": after.logprob_accuracy,
                                     "dpo_reward": after.reward_accuracy},
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
+
+
+def _replay_text(ctx: StageContext, window: int) -> PretrainDataset:
+    """The pretraining text a fine-tuning stage replays, tokenised into its ``replay_data``."""
+    return replay_text(ctx.profile, ctx.dir("tokenizer") / TOKENIZER_FILE,
+                       ctx.out_dir / "replay_data", window, ctx.progress)
 
 
 def _last(rows: list[dict], key: str) -> float | None:

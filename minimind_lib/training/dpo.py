@@ -84,7 +84,10 @@ class DPOSettings(TrainSettings):
     ``nll_weight``: the weight of the chosen answers' NLL added to the loss (``DPOLoss``).
     ``val_questions``: on-policy, further training questions (none of the ``questions``) whose
     pairs, made the same way, are the validation set (``val_loss``): the held-out loss on the
-    kind of pairs the stage trains on. 0: validate on the offline held-out pairs only."""
+    kind of pairs the stage trains on. 0: validate on the offline held-out pairs only.
+    ``replay_weight``: the weight of a language-model loss on windows of pretraining text, one
+    window of ``replay_window`` tokens beside every pair (``PairsWithText``; 0: none), which
+    keeps the model modelling text (InstructGPT's "PPO-ptx" term, Ouyang et al. 2022, eq. 2)."""
 
     beta: float = 0.1
     pairs: str = "on_policy"
@@ -95,6 +98,8 @@ class DPOSettings(TrainSettings):
     nll_weight: float = 0.0
     pairs_per_question: int = 1  # on-policy: the chosen answer against up to this many wrong ones
     val_questions: int = 200
+    replay_weight: float = 0.0
+    replay_window: int = 64
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -112,8 +117,12 @@ class DPOSettings(TrainSettings):
         if self.pairs_per_question < 1:
             raise ValueError(f"DPOSettings.pairs_per_question must be at least 1, got "
                              f"{self.pairs_per_question}")
-        if self.val_questions < 0:
-            raise ValueError(f"DPOSettings.val_questions must be >= 0, got {self.val_questions}")
+        if self.val_questions < 0 or self.replay_weight < 0:
+            raise ValueError(f"DPOSettings: val_questions and replay_weight must be >= 0, got "
+                             f"{self.val_questions} and {self.replay_weight}")
+        if not 2 <= self.replay_window <= self.seq_len:
+            raise ValueError(f"DPOSettings.replay_window must be in [2, seq_len={self.seq_len}], "
+                             f"got {self.replay_window}")
         if self.questions is not None and self.questions <= 0:
             raise ValueError(f"DPOSettings.questions must be positive or None, got "
                              f"{self.questions}")
@@ -283,6 +292,44 @@ def collate_pairs(items: Sequence[dict[str, Tensor]], pad_id: int = 0) -> dict[s
     return batch
 
 
+class PairsWithText(Dataset):
+    """Preference pairs, each with a window of pretraining text beside it (drawn without
+    repetition, seeded, while the text lasts): a batch of B pairs also carries
+    ``text_ids`` (B, window), on which ``DPOLoss`` adds ``replay_weight`` times the
+    next-token loss.
+
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from minimind_lib.data.pretraining import PretrainDataset
+    >>> p = Path(tempfile.mkdtemp()) / "train.bin"
+    >>> np.arange(100, dtype=np.uint16).tofile(p)
+    >>> pairs = DPODataset.from_examples([([1, 2], [-100, 2], [1, 3], [-100, 3], None, None)], 0)
+    >>> batch = PairsWithText(pairs, PretrainDataset(p, seq_len=7), seed=0).collate(
+    ...     [PairsWithText(pairs, PretrainDataset(p, seq_len=7), seed=0)[0]])
+    >>> batch["input_ids"].shape, batch["text_ids"].shape   # 2B rows of pairs, B of text
+    (torch.Size([2, 2]), torch.Size([1, 8]))
+    """
+
+    def __init__(self, pairs: DPODataset, text: Dataset, seed: int) -> None:
+        self.pairs, self.text = pairs, text
+        rng = torch.Generator().manual_seed(seed)
+        rounds = -(-len(pairs) // len(text))
+        self._picks = torch.cat([torch.randperm(len(text), generator=rng)
+                                 for _ in range(rounds)])[:len(pairs)]  # (N,) window per pair
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {**self.pairs[i], "text_ids": self.text[int(self._picks[i])]["input_ids"]}
+
+    def collate(self, items: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+        batch = self.pairs.collate(items)
+        if "text_ids" in items[0]:  # (validation pairs, collated alike, carry none)
+            batch["text_ids"] = torch.stack([it["text_ids"] for it in items])  # (B, window)
+        return batch
+
+
 @torch.no_grad()
 def pair_logprobs(model: nn.Module, dataset: DPODataset, *, batch_size: int = 32,
                   device: str | torch.device | None = None, precision: str | Precision = "auto",
@@ -442,18 +489,25 @@ class DPOLoss:
     2024, "Iterative Reasoning Preference Optimization" (eq. 1). DPO alone only asks for a
     *margin*, and often lowers the chosen answer's own probability along with the rejected one;
     on pairs graded right / wrong that costs exactly the greedy answers the grader checks.
+
+    ``replay_weight`` > 0 adds that times the next-token loss on the batch's ``text_ids``
+    (pretraining text, ``PairsWithText``; logged as ``text_nll``): the term that keeps the model
+    modelling text while it learns the preferences. Batches without ``text_ids`` (validation)
+    get no such term.
     """
 
     beta: float = 0.1
     reference: nn.Module | None = None
     average: bool = False  # length-normalised log-probs (see sequence_logprobs)
     nll_weight: float = 0.0
+    replay_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"DPOLoss.beta must be positive, got {self.beta}")
-        if self.nll_weight < 0:
-            raise ValueError(f"DPOLoss.nll_weight must be >= 0, got {self.nll_weight}")
+        if self.nll_weight < 0 or self.replay_weight < 0:
+            raise ValueError(f"DPOLoss: nll_weight and replay_weight must be >= 0, got "
+                             f"{self.nll_weight} and {self.replay_weight}")
 
     def __call__(self, model: nn.Module, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
         input_ids, labels = batch["input_ids"], batch["labels"]  # (2B, T) each
@@ -481,6 +535,11 @@ class DPOLoss:
             nll = -(policy_chosen if self.average else policy_chosen / chosen_tokens).mean()
             loss = loss + self.nll_weight * nll
             metrics["nll"] = nll.detach()
+        if self.replay_weight > 0 and "text_ids" in batch:
+            text = batch["text_ids"]  # (B, window)
+            text_nll = model(text, labels=text).loss
+            loss = loss + self.replay_weight * text_nll
+            metrics["text_nll"] = text_nll.detach()
         return loss, metrics
 
 
@@ -488,8 +547,9 @@ def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
               beta: float = 0.1, nll_weight: float = 0.0, reference: nn.Module | None = None,
               precompute_reference: bool = True,
               eval_set: DPODataset | Mapping[str, DPODataset] | None = None,
-              resume: bool = False,
-              callbacks: Sequence[Callable[[dict], None]] = ()) -> list[dict]:
+              resume: bool = False, callbacks: Sequence[Callable[[dict], None]] = (),
+              replay_text: Dataset | None = None, replay_weight: float = 0.0,
+              seed: int = 0) -> list[dict]:
     """DPO-train ``policy`` in place with the training engine; return its metrics rows.
 
     ``reference`` defaults to ``policy`` as it is now (the SFT model). With
@@ -499,7 +559,11 @@ def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
     never even copied: the policy scores the pairs before its first update). Otherwise the
     reference is a frozen copy (``frozen_copy``) run on every batch. ``eval_set`` is the
     validation set (``val_loss``), or ``{metric name: pairs}`` for several (``loop.train``).
+    With ``replay_weight`` > 0, every training pair gets a window of ``replay_text``
+    (``PairsWithText``, seeded by ``seed``) and the loss its next-token term.
     """
+    if replay_weight > 0 and replay_text is None:
+        raise ValueError("replay_weight > 0 needs replay_text (pretraining windows)")
     reference = reference if reference is not None else policy
     eval_sets = (dict(eval_set) if isinstance(eval_set, Mapping)
                  else {} if eval_set is None else {"val_loss": eval_set})
@@ -509,11 +573,13 @@ def train_dpo(policy: nn.Module, train_set: DPODataset, config: TrainConfig, *,
         for dataset in (train_set, *eval_sets.values()):
             dataset.set_reference(pair_logprobs(reference, dataset, device=device,
                                                 precision=precision))
-        loss_fn = DPOLoss(beta, nll_weight=nll_weight)
+        loss_fn = DPOLoss(beta, nll_weight=nll_weight, replay_weight=replay_weight)
     else:
-        loss_fn = DPOLoss(beta, frozen_copy(reference), nll_weight=nll_weight)
-    return train(policy, train_set, config, loss_fn=loss_fn, eval_dataset=eval_sets or None,
-                 collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
+        loss_fn = DPOLoss(beta, frozen_copy(reference), nll_weight=nll_weight,
+                          replay_weight=replay_weight)
+    data = PairsWithText(train_set, replay_text, seed) if replay_weight > 0 else train_set
+    return train(policy, data, config, loss_fn=loss_fn, eval_dataset=eval_sets or None,
+                 collate_fn=data.collate, resume=resume, callbacks=list(callbacks))
 
 
 # --- 5. held-out evaluation ------------------------------------------------------------

@@ -82,6 +82,12 @@ def test_report(run):
         png = root / FIGURES_DIR / f"{stage}_loss.png"
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
         assert f"]({FIGURES_DIR}/{stage}_loss.png)" in text
+        section = text.split(f"]({FIGURES_DIR}/{stage}_loss.png)")[1][:1500]
+        # every curve labelled: what the training loss averages, what validation measures
+        described = next(s for s in stages_in_all() if s.name == stage)
+        assert (f"Training curve: {described.training}." in section
+                and f"Validation curve: {described.validation}." in section), stage
+    assert "final_offline_val_loss" in text  # DPO: the offline pairs' loss, labelled apart
     assert "| int8 (ours) |" in text and "perplexity" in text
     assert "bits/byte |" in text and "bits per byte: pretrain" in text  # format table, sft
     assert "exact-match" in text and "preference" in text.lower()

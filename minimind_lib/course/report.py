@@ -105,6 +105,8 @@ def _training_section(root: Path, stage: Stage) -> list[str]:
     figure = _figure(root, stage)
     out = ([f"![{stage.name} loss]({figure})", ""] if figure
            else [f"(no {stage.name} metrics yet)", ""])
+    if figure and stage.training:
+        out += [f"Training curve: {stage.training}.", ""]
     if figure and stage.validation:
         out += [f"Validation curve: {stage.validation}.", ""]
     if stage.evaluates and (root / stage.name / EVAL_FILE).is_file():

@@ -172,6 +172,7 @@ class Stage:
     title: str = ""  # its section of report.md ("": none)
     curves: tuple[str, ...] | None = None  # metrics plotted beside loss and lr (None: no plot)
     validation: str = ""  # what its validation curve measures, one line (report.md says it)
+    training: str = ""  # what its training loss curve averages, one line (report.md says it)
 
     def inputs(self, profile: Profile) -> list[Path]:
         """The files this stage reads besides its prerequisites' folders (an error naming the
@@ -245,6 +246,7 @@ def tokenizer_stage(ctx: StageContext) -> dict:
           serves=True, settings="pretrain", title="Pretraining", curves=(),
           validation="cross-entropy per token (nats) on the held-out split of the pretraining "
                      "text (every 50th document); e^loss is its perplexity",
+          training="cross-entropy per token on the training batches of pretraining text",
           description="pretrain the profile's model on the pretraining text")
 def pretrain_stage(ctx: StageContext) -> dict:
     """Tokenise the corpus into ``data/`` (a uint16 memmap), then train the profile's model
@@ -279,6 +281,8 @@ def pretrain_stage(ctx: StageContext) -> dict:
           validation="answer-only cross-entropy on the reference replies of the held-out "
                      "questions (data/eval/sft_eval*.jsonl); not text modelling, which the "
                      "held-out text perplexity below measures",
+          training="cross-entropy over the batch's supervised tokens: the replies' and, with "
+                   "sft.replay > 0, the replayed pretraining text's (every token of a window)",
           description="supervised fine-tuning: ChatML, loss on the assistant's replies only; "
                       "evaluates before and after")
 def sft_stage(ctx: StageContext) -> dict:
@@ -319,6 +323,8 @@ def sft_stage(ctx: StageContext) -> dict:
                      "held-out pairs of data/eval/dpo_eval*.jsonl). offline_val_loss, on-policy "
                      "only: the same loss on those offline pairs, answers other models wrote; it "
                      "can rise while exact match improves, as the policy leaves their style",
+          training="the DPO loss of the training pairs, plus nll_weight times the chosen answers' "
+                   "NLL (the nll curve) and replay_weight times the replayed text's (text_nll)",
           description="direct preference optimization of the SFT model against its frozen copy, "
                       "on pairs of its own graded answers (or the offline pairs); evaluates "
                       "before and after")
@@ -438,6 +444,7 @@ def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
           serves=True, in_all=False, settings="grpo", evaluates=True, title="GRPO",
           curves=("reward", "kl", "response_length"),
           validation="val_accuracy: the share of held-out questions answered right, greedily",
+          training="the GRPO policy loss of each step's sampled groups (reward: exact match)",
           description="GRPO with verifiable rewards: groups of sampled answers to checkable "
                       "questions, rewarded by the exact-match checker; evaluates before and after")
 def grpo_stage(ctx: StageContext) -> dict:
@@ -583,6 +590,8 @@ def _save_merged(model: MiniMindForCausalLM, ctx: StageContext) -> MiniMindForCa
 @register("lora", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
           sources=training_data("sft"), settings="lora", evaluates=True, title="LoRA", curves=(),
           validation="answer-only cross-entropy on held-out questions of the new task",
+          training="answer-only cross-entropy on the new task's conversations (and the "
+                   "replayed SFT conversations, lora.replay)",
           description="LoRA fine-tune of the SFT model on a new task (codes read in Chinese "
                       "numerals and back); the adapter in PEFT's format, the merged model in "
                       "merged/; evaluates before and after")

@@ -414,15 +414,16 @@ def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM, tokenizer: BPETok
 
     train_set, counts = pairs(questions)
     print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
-    val_set = None
-    if val_questions:
+    if not val_questions:
+        return train_set, None, {task: asdict(c) for task, c in counts.items()}
+    try:
         val_set, _ = pairs(val_questions)
         print(f"validation: {len(val_set):,} on-policy pairs from {len(val_questions):,} held-out "
               "training questions")
-        if not len(val_set):
-            print("validation: no held-out question gave a pair (every sample right); the "
-                  "validation loss is the offline pairs'")
-            val_set = None
+    except ValueError:  # DPODataset: no usable pair (every sample right, or all too long)
+        print(f"validation: none of the {len(val_questions):,} held-out questions gave a pair; "
+              "the validation loss is the offline pairs'")
+        val_set = None
     return train_set, val_set, {task: asdict(c) for task, c in counts.items()}
 
 

@@ -28,7 +28,7 @@ from minimind_lib.core.atomic import atomic_write_text
 from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE, TOKENIZER_FILE
 from minimind_lib.course.profiles import get_profile
 from minimind_lib.course.stages import read_marker
-from minimind_lib.evaluation.model_eval import evaluate_model
+from minimind_lib.evaluation.model_eval import evaluate_model, read_eval
 from minimind_lib.evaluation.questions import question_table, summarize
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.tokenizer import BPETokenizer
@@ -77,13 +77,18 @@ def main() -> int:
 
 def write_readme(args: argparse.Namespace, marker: dict, scores, pooled: dict, size: int) -> None:
     summary = marker["summary"]
+    settings = marker["fingerprint"]["settings"]
+    replay = (f" with {settings['replay']:.0%} of the supervised tokens replayed pretraining text "
+              f"in {settings.get('replay_window') or settings['seq_len']}-token windows"
+              if settings.get("replay") else "")
+    before = read_eval(args.source).get("pretrain")
     lines = [
         "# The reference chat model (cpu profile, after SFT)",
         "",
         "The model a student who has not trained yet talks to: the course's `cpu` profile",
         f"(`python -m minimind_lib sft --profile cpu`: pretraining, then {summary['steps']} SFT "
-        f"steps), stored in bf16 ({size / 2**20:.1f} MiB with its tokenizer). Rebuild it with "
-        "`make reference`.",
+        f"steps{replay}), stored in bf16 ({size / 2**20:.1f} MiB with its tokenizer). Rebuild "
+        "it with `make reference`.",
         "",
         "Load it like any stage folder: "
         "`minimind_lib.model.checkpoint.load_model(\"data/reference/sft\")`;",
@@ -95,7 +100,8 @@ def write_readme(args: argparse.Namespace, marker: dict, scores, pooled: dict, s
         f"- skill tasks: exact-match {pooled['skill'].exact_match:.1%}, format "
         f"{pooled['skill'].format_rate:.1%}",
         f"- knowledge tasks: exact-match {pooled['knowledge'].exact_match:.1%}",
-        f"- held-out text perplexity: {scores.perplexity:.1f}",
+        f"- held-out text perplexity: {scores.perplexity:.1f}"
+        + (f" (the pretrained model's: {before.perplexity:.1f})" if before else ""),
         "",
         f"Made from run `{marker['run_id'][:8]}` ({marker.get('finished_at', 'unknown time')}).",
     ]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny import tiny_model
 
-import minimind_lib.training.dpo as dpo_module
+import minimind_lib.training.on_policy as on_policy_module
 from minimind_lib.course.profiles import get_profile
 from minimind_lib.course.stage_data import training_questions
 from minimind_lib.course.stages import STAGES, StageContext
@@ -26,14 +26,13 @@ from minimind_lib.training.dpo import (
     DPOLoss,
     collate_pairs,
     dpo_loss,
-    on_policy_pairs,
     pair_logprobs,
-    pick_pair,
     read_dpo_eval,
     reservoir_sample,
     train_dpo,
 )
 from minimind_lib.training.logprobs import answer_logprobs, frozen_copy, sequence_logprobs
+from minimind_lib.training.on_policy import on_policy_pairs, pick_pair
 from minimind_lib.training.rollout import Question, Sample, is_correct, reply
 from minimind_lib.training.sft import train_sft
 
@@ -257,7 +256,7 @@ def test_dpo_loss_with_nll_adds_the_chosen_answers_per_token_nll():
     nll = -(logps / tokens).mean()
     assert metrics["nll"].item() == pytest.approx(nll.item(), abs=1e-6)
     assert mixed.item() == pytest.approx(plain.item() + 0.5 * nll.item(), abs=1e-6)
-    with pytest.raises(ValueError, match="nll_weight must be >= 0"):
+    with pytest.raises(ValueError, match="nll_weight and replay_weight must be >= 0"):
         DPOLoss(0.1, nll_weight=-1.0)
 
 
@@ -283,7 +282,7 @@ def test_on_policy_pairs_pair_graded_answers_token_for_token(monkeypatch):
     # question 0: greedy wrong, a sample right; 1: every answer right; 2: nobody right;
     # 3: greedy right, one sample wrong
     texts = [["3", "7", "3"], ["9", "9", "9"], ["5", "2", "1"], ["40", "4", "40"]]
-    monkeypatch.setattr(dpo_module, "sample_answers", _scripted(texts))
+    monkeypatch.setattr(on_policy_module, "sample_answers", _scripted(texts))
     ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
                                  max_new_tokens=8, seq_len=64)
     answer = [TOK.decode([t for t in ds[i][f"{side}_labels"].tolist() if t != IGNORE_INDEX])
@@ -302,7 +301,7 @@ def test_on_policy_pairs_pair_graded_answers_token_for_token(monkeypatch):
 
 def test_more_pairs_per_question_use_further_different_wrong_answers(monkeypatch):
     texts = [["3", "7", "3"], ["9", "9", "9"], ["5", "2", "1"], ["40", "4", "40"]]
-    monkeypatch.setattr(dpo_module, "sample_answers", _scripted(texts))
+    monkeypatch.setattr(on_policy_module, "sample_answers", _scripted(texts))
     ds, counts = on_policy_pairs(tiny_model(), TOK, QUESTIONS, samples=3, temperature=1.0,
                                  max_new_tokens=8, seq_len=64, pairs_per_question=2)
     answer = [TOK.decode([t for t in ds[i][f"{side}_labels"].tolist() if t != IGNORE_INDEX])

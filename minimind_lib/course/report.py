@@ -33,7 +33,7 @@ from minimind_lib.course.stages import STAGES, Stage, read_marker
 from minimind_lib.evaluation.model_eval import eval_report, read_eval
 from minimind_lib.evaluation.preferences import PreferenceScores, preference_table
 from minimind_lib.evaluation.questions import question_table
-from minimind_lib.training.dpo import PairCounts, pair_table
+from minimind_lib.training.on_policy import PairCounts, pair_table
 
 
 def _figure(root: Path, stage: Stage) -> str | None:

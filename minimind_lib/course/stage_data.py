@@ -1,24 +1,30 @@
 """What the stages train on, read from the profile's data (notebooks 05-10): the files a stage
 reads (its ``sources``, which enter its fingerprint), the checkable questions of the RL and
-on-policy stages, the pretraining text SFT replays, and the LoRA stage's conversations.
+on-policy stages (and the DPO stage's pairs of graded answers to them), the pretraining text
+the fine-tuning stages replay, and the LoRA stage's conversations.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from minimind_lib.core.device import pick_device, pick_precision
 from minimind_lib.course.profiles import Profile
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split, tokenize_corpus
 from minimind_lib.data.readers import dataset_files, read_jsonl
-from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR
+from minimind_lib.evaluation.questions import answer_budget
+from minimind_lib.model.decoder import MiniMindForCausalLM
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer
 from minimind_lib.training.distributed import init_distributed
-from minimind_lib.training.dpo import reservoir_sample
+from minimind_lib.training.dpo import DPODataset, reservoir_sample
 from minimind_lib.training.lora import LoRASettings, with_replay
+from minimind_lib.training.on_policy import on_policy_pairs, pair_table
 from minimind_lib.training.rollout import Question, select_tasks, verifiable_questions
 from minimind_lib.training.sft import sft_records
 
@@ -111,3 +117,50 @@ def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict
     old = list(itertools.islice(sft_records(dataset_files("sft", profile.data_dir)),
                                 REPLAY_POOL))
     return with_replay(new, old, settings.replay, profile.seed)
+
+
+def dpo_pairs(profile: Profile, policy: MiniMindForCausalLM, tokenizer: BPETokenizer, *,
+              device: str | None, precision: str, progress: bool
+              ) -> tuple[DPODataset, DPODataset | None, dict]:
+    """The DPO stage's training pairs, its on-policy validation pairs (None: offline pairs, or
+    ``val_questions`` 0 or without a pair), and (on-policy) what became of the training
+    questions per task."""
+    settings = profile.dpo
+    if settings.pairs == "offline":
+        # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of
+        # that many instead of tokenising and scoring every pair of a big file (MiniMind's
+        # dpo.jsonl: ~200k pairs; the full profile visits 16,000): the same distribution
+        visited = (None if settings.max_steps is None
+                   else settings.max_steps * settings.batch_size * settings.accumulation_steps)
+        return DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
+                                     settings.seq_len, max_examples=settings.max_examples,
+                                     sample=visited, seed=profile.seed), None, {}
+    questions, val_questions = training_questions(profile, settings.tasks, settings.questions,
+                                                  "dpo", held_out=settings.val_questions)
+    device = pick_device(device)
+    autocast = pick_precision(device, precision)
+    policy.to(device)
+    generator = torch.Generator(device).manual_seed(profile.seed)
+    budget = answer_budget(tokenizer, [{"answer": q.answer} for q in questions])
+
+    def pairs(asked: list) -> tuple[DPODataset, dict]:
+        with autocast.context(device):
+            return on_policy_pairs(policy, tokenizer, asked, samples=settings.samples,
+                                   temperature=settings.temperature, max_new_tokens=budget,
+                                   seq_len=settings.seq_len,
+                                   pairs_per_question=settings.pairs_per_question,
+                                   generator=generator, progress=progress)
+
+    train_set, counts = pairs(questions)
+    print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
+    if not val_questions:
+        return train_set, None, {task: asdict(c) for task, c in counts.items()}
+    try:
+        val_set, _ = pairs(val_questions)
+        print(f"validation: {len(val_set):,} on-policy pairs from {len(val_questions):,} held-out "
+              "training questions")
+    except ValueError:  # DPODataset: no usable pair (every sample right, or all too long)
+        print(f"validation: none of the {len(val_questions):,} held-out questions gave a pair; "
+              "the validation loss is the offline pairs'")
+        val_set = None
+    return train_set, val_set, {task: asdict(c) for task, c in counts.items()}

@@ -34,7 +34,7 @@ import torch
 
 from minimind_lib.core.atomic import atomic_write_text, read_json_lines
 from minimind_lib.core.checked_files import FileProblem, read_json
-from minimind_lib.core.device import pick_device, pick_precision, seed_everything
+from minimind_lib.core.device import seed_everything
 from minimind_lib.core.filenames import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
@@ -51,6 +51,7 @@ from minimind_lib.core.filenames import (
 from minimind_lib.course.profiles import Profile
 from minimind_lib.course.stage_data import (
     course_tokenizer_files,
+    dpo_pairs,
     dpo_sources,
     lora_training_records,
     pretraining_tokens,
@@ -73,7 +74,6 @@ from minimind_lib.evaluation.model_eval import ModelEval, eval_report
 from minimind_lib.evaluation.precision import formats_table, measure_formats
 from minimind_lib.evaluation.preferences import summarize_preferences
 from minimind_lib.evaluation.questions import (
-    answer_budget,
     load_eval_records,
     select_per_task,
     summarize,
@@ -85,11 +85,8 @@ from minimind_lib.model.quantize import quantize_int8
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer, copy_tokenizer_files
 from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.dpo import (
-    DPODataset,
     evaluate_preferences,
     held_out_pairs,
-    on_policy_pairs,
-    pair_table,
     train_dpo,
 )
 from minimind_lib.training.grpo import train_grpo
@@ -338,7 +335,9 @@ def dpo_stage(ctx: StageContext) -> dict:
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
     sft_eval = _start_eval(ctx, policy, tokenizer)
-    train_set, val_set, pair_counts = _dpo_pairs(ctx, policy, tokenizer)
+    train_set, val_set, pair_counts = dpo_pairs(profile, policy, tokenizer, device=ctx.device,
+                                                precision=ctx.precision,
+                                                progress=ctx.progress)
     held_out = held_out_pairs(tokenizer, settings.seq_len, profile.eval_per_task)
     validation = ({"val_loss": val_set, "offline_val_loss": held_out} if val_set is not None
                   else {"val_loss": held_out})
@@ -379,52 +378,6 @@ def _replay_text(ctx: StageContext, window: int) -> PretrainDataset:
 def _last(rows: list[dict], key: str) -> float | None:
     """The last value of ``key`` in metrics ``rows`` (None when never logged)."""
     return next((r[key] for r in reversed(rows) if key in r), None)
-
-
-def _dpo_pairs(ctx: StageContext, policy: MiniMindForCausalLM, tokenizer: BPETokenizer
-               ) -> tuple[DPODataset, DPODataset | None, dict]:
-    """The DPO stage's training pairs, its on-policy validation pairs (None: offline pairs, or
-    ``val_questions`` 0 or without a pair), and (on-policy) what became of the training
-    questions per task."""
-    profile, settings = ctx.profile, ctx.profile.dpo
-    if settings.pairs == "offline":
-        # subtle: a run visits at most max_steps x batch pairs. Keep a seeded uniform sample of
-        # that many instead of tokenising and scoring every pair of a big file (MiniMind's
-        # dpo.jsonl: ~200k pairs; the full profile visits 16,000): the same distribution
-        visited = (None if settings.max_steps is None
-                   else settings.max_steps * settings.batch_size * settings.accumulation_steps)
-        return DPODataset.from_files(dataset_files("dpo", profile.data_dir), tokenizer,
-                                     settings.seq_len, max_examples=settings.max_examples,
-                                     sample=visited, seed=profile.seed), None, {}
-    questions, val_questions = training_questions(profile, settings.tasks, settings.questions,
-                                                  "dpo", held_out=settings.val_questions)
-    device = pick_device(ctx.device)
-    precision = pick_precision(device, ctx.precision)
-    policy.to(device)
-    generator = torch.Generator(device).manual_seed(profile.seed)
-    budget = answer_budget(tokenizer, [{"answer": q.answer} for q in questions])
-
-    def pairs(asked: list) -> tuple[DPODataset, dict]:
-        with precision.context(device):
-            return on_policy_pairs(policy, tokenizer, asked, samples=settings.samples,
-                                   temperature=settings.temperature, max_new_tokens=budget,
-                                   seq_len=settings.seq_len,
-                                   pairs_per_question=settings.pairs_per_question,
-                                   generator=generator, progress=ctx.progress)
-
-    train_set, counts = pairs(questions)
-    print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
-    if not val_questions:
-        return train_set, None, {task: asdict(c) for task, c in counts.items()}
-    try:
-        val_set, _ = pairs(val_questions)
-        print(f"validation: {len(val_set):,} on-policy pairs from {len(val_questions):,} held-out "
-              "training questions")
-    except ValueError:  # DPODataset: no usable pair (every sample right, or all too long)
-        print(f"validation: none of the {len(val_questions):,} held-out questions gave a pair; "
-              "the validation loss is the offline pairs'")
-        val_set = None
-    return train_set, val_set, {task: asdict(c) for task, c in counts.items()}
 
 
 def _stored_start_eval(ctx: StageContext) -> ModelEval | None:

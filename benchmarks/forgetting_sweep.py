@@ -13,6 +13,7 @@ table can be printed again at no cost::
     python benchmarks/forgetting_sweep.py                # every SFT variant, then the table
     python benchmarks/forgetting_sweep.py --only baseline replay_0.25 --jobs 1
     python benchmarks/forgetting_sweep.py --stage dpo --init runs/forgetting/cpu/replay_0.5/sft
+    python benchmarks/forgetting_sweep.py --stage dpo --init data/reference/sft   # any model folder
 
 SFT variants start from ``runs/<profile>/pretrain`` and write ``runs/forgetting/<profile>/<name>``;
 DPO variants start from ``--init`` (an SFT stage folder) and write
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from minimind_lib import REPO_ROOT
 from minimind_lib.core.atomic import read_json_lines
+from minimind_lib.core.filenames import WEIGHTS_FILE
 from minimind_lib.course.stages import read_marker
 from minimind_lib.evaluation.model_eval import read_eval
 from minimind_lib.evaluation.questions import summarize
@@ -148,9 +150,9 @@ def main() -> int:
         parser.error("--stage dpo needs --init, the SFT stage folder the variants start from")
     else:
         init, root = args.init, base / f"dpo-from-{args.init.resolve().parent.name}"
-    if read_marker(init) is None:
-        print(f"skipped: {init} holds no finished stage (the variants start from it); for SFT "
-              f"run `python -m minimind_lib pretrain --profile {args.profile}` first")
+    if read_marker(init) is None and not (init / WEIGHTS_FILE).is_file():
+        print(f"skipped: {init} holds no model (the variants start from it); for SFT run "
+              f"`python -m minimind_lib pretrain --profile {args.profile}` first")
         return 0
     log_dir = root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -57,14 +57,15 @@ VARIANTS = {
     },
     "dpo": {
         "baseline": ["dpo.replay_weight=0"],  # the recipe before replay
-        "nll_1": ["dpo.replay_weight=0", "dpo.nll_weight=1.0"],
-        "nll_4": ["dpo.replay_weight=0", "dpo.nll_weight=4.0"],
-        "beta_0.3": ["dpo.replay_weight=0", "dpo.beta=0.3"],
-        "lr_0.3x": ["dpo.replay_weight=0", "dpo.learning_rate=1e-4"],
         "replay_1": [],  # the cpu profile's recipe since issue 29
+        # the rest vary one setting of that recipe (replay on)
         "replay_0.3": ["dpo.replay_weight=0.3"],
-        "replay_1_lr2x": ["dpo.learning_rate=6e-4"],
-        "replay_1_600": ["dpo.max_steps=600"],
+        "lr_2x": ["dpo.learning_rate=6e-4"],
+        "steps_600": ["dpo.max_steps=600"],
+        "nll_1": ["dpo.nll_weight=1.0"],
+        "nll_4": ["dpo.nll_weight=4.0"],
+        "beta_0.3": ["dpo.beta=0.3"],
+        "beta_0.03": ["dpo.beta=0.03"],
     },
 }
 #: the stage each stage's "before" model comes from (the key of its eval.json entry)

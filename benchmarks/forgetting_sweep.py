@@ -33,6 +33,8 @@ from pathlib import Path
 from minimind_lib import REPO_ROOT
 from minimind_lib.core.atomic import read_json_lines
 from minimind_lib.core.filenames import WEIGHTS_FILE
+from minimind_lib.course.pipeline import is_complete
+from minimind_lib.course.profiles import get_profile, override
 from minimind_lib.course.stages import read_marker
 from minimind_lib.evaluation.model_eval import read_eval
 from minimind_lib.evaluation.questions import summarize
@@ -74,11 +76,16 @@ BEFORE = {"sft": "pretrain", "dpo": "sft"}
 
 def run_variant(stage: str, name: str, profile: str, init: Path, root: Path,
                 log_dir: Path) -> float:
-    """Run (or reuse) one variant's stage; its wall seconds."""
+    """Run one variant's stage, or reuse its folder when it already holds the same run (the
+    pipeline's fingerprint: profile, overrides, data, starting model); its wall seconds."""
+    settings = override(get_profile(profile), dict(o.split("=", 1) for o in VARIANTS[stage][name]))
+    if is_complete(stage, settings, root / name, init):
+        print(f"reusing {name}: {root / name / stage} is up to date")
+        return 0.0
     cmd = [sys.executable, "-m", "minimind_lib", stage, "--profile", profile, "--init",
            str(init), "--out", str(root / name)]
-    for override in VARIANTS[stage][name]:
-        cmd += ["--set", override]
+    for setting in VARIANTS[stage][name]:
+        cmd += ["--set", setting]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     t0 = time.time()
     with open(log_dir / f"{name}.log", "w") as log:

@@ -34,7 +34,7 @@ from minimind_lib import REPO_ROOT
 from minimind_lib.core.atomic import read_json_lines
 from minimind_lib.core.filenames import WEIGHTS_FILE
 from minimind_lib.course.pipeline import is_complete
-from minimind_lib.course.profiles import get_profile, override
+from minimind_lib.course.profiles import get_profile, override, parse_set
 from minimind_lib.course.stages import read_marker
 from minimind_lib.evaluation.model_eval import read_eval
 from minimind_lib.evaluation.questions import summarize
@@ -78,7 +78,7 @@ def run_variant(stage: str, name: str, profile: str, init: Path, root: Path,
                 log_dir: Path) -> float:
     """Run one variant's stage, or reuse its folder when it already holds the same run (the
     pipeline's fingerprint: profile, overrides, data, starting model); its wall seconds."""
-    settings = override(get_profile(profile), dict(o.split("=", 1) for o in VARIANTS[stage][name]))
+    settings = override(get_profile(profile), parse_set(VARIANTS[stage][name]))
     if is_complete(stage, settings, root / name, init):
         print(f"reusing {name}: {root / name / stage} is up to date")
         return 0.0

@@ -153,8 +153,9 @@ def dpo_pairs(profile: Profile, policy: MiniMindForCausalLM, tokenizer: BPEToken
 
     train_set, counts = pairs(questions)
     print("on-policy pairs (greedy answer + samples, graded by exact-match)\n" + pair_table(counts))
+    per_task = {task: asdict(c) for task, c in counts.items()}
     if not val_questions:
-        return train_set, None, {task: asdict(c) for task, c in counts.items()}
+        return train_set, None, per_task
     try:
         val_set, _ = pairs(val_questions)
         print(f"validation: {len(val_set):,} on-policy pairs from {len(val_questions):,} held-out "
@@ -163,4 +164,4 @@ def dpo_pairs(profile: Profile, policy: MiniMindForCausalLM, tokenizer: BPEToken
         print(f"validation: none of the {len(val_questions):,} held-out questions gave a pair; "
               "the validation loss is the offline pairs'")
         val_set = None
-    return train_set, val_set, {task: asdict(c) for task, c in counts.items()}
+    return train_set, val_set, per_task

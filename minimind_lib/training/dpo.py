@@ -409,7 +409,8 @@ class DPOLoss:
                    "reward_margin": (chosen - rejected).mean(),
                    "chosen_reward": chosen.mean(), "rejected_reward": rejected.mean(),
                    "chosen_logp": policy_chosen.detach().mean(),
-                   "rejected_logp": policy_rejected.detach().mean()}
+                   "rejected_logp": policy_rejected.detach().mean(),
+                   "dpo_loss": loss.detach()}  # eq. 7 alone, before the terms below
         if self.nll_weight > 0:
             chosen_tokens = _answer_counts(labels.chunk(2)[0])  # (B,)
             nll = -(policy_chosen if self.average else policy_chosen / chosen_tokens).mean()

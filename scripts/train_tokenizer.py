@@ -4,7 +4,8 @@
     python scripts/train_tokenizer.py            # data/pretrain_sample.jsonl -> data/tokenizer/
 
 ``minimind_lib.tokenizer.training.train_bpe`` (pure Python) learns 6,400 tokens from the bundled
-pretraining sample; HF ``tokenizers.BpeTrainer`` is then trained on the same texts and
+pretraining sample (ids 0-8 reserved: ChatML's three markers and MiniMind-3's six tool and
+thinking markers); HF ``tokenizers.BpeTrainer`` is then trained on the same texts and
 the two tokenizer.json files must be identical (use ``--no-check`` to skip that).
 The folder gets tokenizer.json, tokenizer_config.json (ChatML chat template) and
 special_tokens_map.json, which ``transformers.AutoTokenizer`` loads.
@@ -19,6 +20,7 @@ from pathlib import Path
 from minimind_lib.data import read_jsonl
 from minimind_lib.tokenizer import train_bpe, train_bpe_fast
 from minimind_lib.tokenizer.bpe import COURSE_CORPUS, COURSE_TOKENIZER, COURSE_VOCAB_SIZE
+from minimind_lib.tokenizer.special import COURSE_SPECIAL_TOKENS
 
 
 def main() -> None:
@@ -32,11 +34,12 @@ def main() -> None:
     texts = [record["text"] for record in read_jsonl(args.input, "pretrain")]
     print(f"{args.input}: {len(texts)} documents, {sum(map(len, texts)):,} characters")
     start = time.perf_counter()
-    tok = train_bpe(texts, args.vocab_size)
+    tok = train_bpe(texts, args.vocab_size, COURSE_SPECIAL_TOKENS)
     print(f"train_bpe: {len(tok)} tokens, {len(tok.merges)} merges in "
           f"{time.perf_counter() - start:.1f} s")
     if not args.no_check:
-        same = tok.to_dict() == train_bpe_fast(texts, args.vocab_size).to_dict()
+        fast = train_bpe_fast(texts, args.vocab_size, COURSE_SPECIAL_TOKENS)
+        same = tok.to_dict() == fast.to_dict()
         print(f"identical to tokenizers.BpeTrainer (vocab, merges, whole tokenizer.json): {same}")
         if not same:
             raise SystemExit("the from-scratch trainer disagrees with HF; not writing")

@@ -10,12 +10,16 @@ import pytest
 
 from minimind_lib.data.conversations import SFTDataset, sft_example
 from minimind_lib.model.decoder import IGNORE_INDEX
-from minimind_lib.tokenizer import apply_chat_template, encode_chat, load_tokenizer
+from minimind_lib.tokenizer import BPETokenizer, apply_chat_template, encode_chat, load_tokenizer
+from minimind_lib.tokenizer.chat import template_of
 from minimind_lib.tokenizer.chat3 import normalise_messages
 from minimind_lib.tokenizer.special import TOOL_AND_THINK_TOKENS
+from minimind_lib.tokenizer.training import train_bpe
 
 REFERENCE = Path(__file__).parent / "reference" / "minimind3_chat_template.json"
-TOK = load_tokenizer().add_special_tokens(TOOL_AND_THINK_TOKENS)
+TOK = load_tokenizer()  # reserves MiniMind-3's markers (ids 3-8)
+#: a MiniMind2-style tokenizer: ChatML's three special tokens only
+PLAIN = train_bpe(["plain text for a small tokenizer"], 300, show_progress=False)
 
 CALC = {"type": "function", "function": {
     "name": "calculate_math", "description": "计算一个算术表达式",
@@ -68,8 +72,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The course tokenizer with MiniMind-3's markers, as a transformers folder whose chat
-    template is MiniMind-3's own."""
+    """The course tokenizer (it reserves MiniMind-3's markers), as a transformers folder whose
+    chat template is MiniMind-3's own."""
     transformers = pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("minimind3_tokenizer")
     TOK.save_pretrained(folder)
@@ -84,6 +88,27 @@ def _as_minimind_feeds_it(messages):
     """MiniMind's SFTDataset parses JSON strings before calling the template; do the same."""
     normalised, tools = normalise_messages(copy.deepcopy(messages))
     return normalised, tools
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The course tokenizer as ``save_pretrained`` exports it, with the course's own Jinja."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(TOK.save_pretrained(
+        tmp_path_factory.mktemp("course_tokenizer")))
+
+
+@pytest.mark.parametrize("gen,thinking", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("name,messages,tools", CASES, ids=[c[0] for c in CASES])
+def test_the_exported_jinja_renders_as_minimind3s(reference, exported, name, messages, tools,
+                                                  gen, thinking):
+    """``save_pretrained`` (and the GGUF) carry the course's own Jinja for MiniMind-3's format:
+    through ``transformers`` it renders what MiniMind-3's template does, for every case."""
+    feed, found = _as_minimind_feeds_it(messages)
+    kwargs = {"tools": tools or found, "tokenize": False, "add_generation_prompt": gen,
+              "open_thinking": thinking}
+    assert exported.apply_chat_template(feed, **kwargs) == \
+        reference.apply_chat_template(feed, **kwargs)
 
 
 @pytest.mark.parametrize("gen,thinking", [(False, False), (True, False), (True, True)])
@@ -134,8 +159,7 @@ def test_typed_markers_in_user_and_tool_text_stay_text():
 
 def test_a_tokenizer_without_the_markers_is_refused_by_name():
     with pytest.raises(ValueError, match="no special token '<think>'.*minimind-3"):
-        encode_chat(load_tokenizer(), [{"role": "user", "content": "hi"}], True,
-                    template="minimind-3")
+        encode_chat(PLAIN, [{"role": "user", "content": "hi"}], True, template="minimind-3")
     with pytest.raises(ValueError, match="unknown chat template 'qwen'"):
         apply_chat_template([{"role": "user", "content": "hi"}], template="qwen")
     with pytest.raises(ValueError, match="MiniMind2's chat template has no tools"):
@@ -171,6 +195,10 @@ def test_sft_mask_supervises_replies_and_never_a_tool_response():
                               {"role": "assistant", "reasoning_content": "think", "content": "ok"}]
     ids, labels = sft_example(TOK, messages, 4096, template="minimind-3")
     assert ids == encode_chat(TOK, messages, template="minimind-3")
+    for k, m in enumerate(messages):  # each reply's prompt is a prefix of its ids, as at
+        if m["role"] == "assistant":  # inference (the course tokenizer has no "\n\n" token)
+            prompt = encode_chat(TOK, messages[:k], True, open_thinking="reasoning_content" in m)
+            assert ids[:len(prompt)] == prompt, k
     supervised = "".join(TOK.decode([i]) for i, label in zip(ids, labels, strict=True)
                          if label != IGNORE_INDEX)
     want = ("<think>\n\n</think>\n\n" + "<tool_call>\n" + '{"name": "get_weather", "arguments": '
@@ -192,6 +220,12 @@ def test_a_tokenizer_with_the_markers_speaks_minimind3_by_default():
     chat = CASES[3][1]
     assert encode_chat(TOK, chat, True) == encode_chat(TOK, chat, True, template="minimind-3")
     assert sft_example(TOK, chat, 512) == sft_example(TOK, chat, 512, template="minimind-3")
-    plain = load_tokenizer()
     user = [{"role": "user", "content": "hi"}]
-    assert encode_chat(plain, user, True) == encode_chat(plain, user, True, template="minimind2")
+    assert encode_chat(PLAIN, user, True) == encode_chat(PLAIN, user, True, template="minimind2")
+    # MiniMind-3's own tokenizer.json marks its markers special=False: reserved all the same
+    data = TOK.to_dict()
+    for t in data["added_tokens"]:
+        t["special"] = t["content"] not in TOOL_AND_THINK_TOKENS
+    minimind3 = BPETokenizer.from_dict(data)
+    assert template_of(minimind3) == "minimind-3"
+    assert encode_chat(minimind3, chat, True) == encode_chat(TOK, chat, True)

@@ -25,7 +25,7 @@ import regex
 from minimind_lib import DATA_DIR
 from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import TOKENIZER_FILE, TOKENIZER_FILES
-from minimind_lib.tokenizer.special import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
+from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 
 #: The course tokenizer: ``train_bpe(<texts of COURSE_CORPUS>, COURSE_VOCAB_SIZE)``,
 #: rebuilt by ``python scripts/train_tokenizer.py``.
@@ -163,6 +163,7 @@ class BPETokenizer:
             self._ranks[(vocab[a], vocab[b])] = (rank, vocab[a + b])
         self._token_bytes = {i: _token_bytes(t) for i, t in self._id_to_token.items()}
         self._special = {t.content: t.id for t in added_tokens if t.special}
+        self._added = {t.content for t in added_tokens}
         self._cache: dict[str, list[int]] = {}
         self._cache_size = cache_size
         self._fast: dict[bool, object] = {}  # encode_batch's HF tokenizers, built on first use
@@ -183,6 +184,16 @@ class BPETokenizer:
     def is_special(self, token: str) -> bool:
         """Whether ``token`` is one of this tokenizer's special tokens (a dict lookup)."""
         return token in self._special
+
+    def reserves(self, token: str) -> bool:
+        """Whether ``token`` has an id of its own that encoding never splits: an added token,
+        special (the course's markers) or not (MiniMind-3's ``<think>``, special=False there).
+
+        >>> tok = load_tokenizer()
+        >>> tok.reserves("<think>"), tok.reserves("<tool_call>"), tok.reserves("think")
+        (True, True, False)
+        """
+        return token in self._added
 
     def token_to_id(self, token: str) -> int:
         if token not in self.vocab:
@@ -404,9 +415,9 @@ class BPETokenizer:
         """A copy with ``tokens`` reserved as special ids after the last one (those it has
         already are kept where they are), as ``transformers``' ``add_special_tokens`` does.
 
-        >>> tok = load_tokenizer().add_special_tokens(["<think>", "</think>"])
-        >>> len(tok), tok.encode("<think>")
-        (6402, [6400])
+        >>> tok = load_tokenizer().add_special_tokens(["<think>", "<|tool|>"])
+        >>> len(tok), tok.encode("<think><|tool|>")   # <think> is reserved already (id 7)
+        (6401, [7, 6400])
         """
         new = [t for t in dict.fromkeys(tokens) if t not in self.vocab]
         if not all(isinstance(t, str) and t for t in new):
@@ -536,8 +547,8 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> BPETokenizer:
     """The course tokenizer (``data/tokenizer/tokenizer.json``), or the one at ``path``.
 
     >>> tok = load_tokenizer()
-    >>> len(tok), tok.special_tokens
-    (6400, ['<|endoftext|>', '<|im_start|>', '<|im_end|>'])
+    >>> len(tok), tok.special_tokens[:3], len(tok.special_tokens)   # + MiniMind-3's six markers
+    (6400, ['<|endoftext|>', '<|im_start|>', '<|im_end|>'], 9)
     """
     path = Path(path) if path is not None else COURSE_TOKENIZER
     if path is COURSE_TOKENIZER and not path.is_file():
@@ -571,7 +582,10 @@ def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, model_dir: str | os.P
 
 
 def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
-    """tokenizer_config.json and special_tokens_map.json as MiniMind ships them."""
+    """tokenizer_config.json and special_tokens_map.json as MiniMind ships them, with the chat
+    template the tokenizer's model speaks (``chat.template_of``)."""
+    from minimind_lib.tokenizer.chat import jinja_template, template_of  # chat imports this module
+
     def tag(content: str) -> dict:
         return {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
                 "single_word": False, "special": True}
@@ -586,7 +600,7 @@ def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
         "additional_special_tokens": [], **specials,
         "clean_up_tokenization_spaces": False, "legacy": True, "model_max_length": 32768,
         "spaces_between_special_tokens": False, "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": jinja_template(template_of(tokenizer)),
     }
     return {"tokenizer_config.json": config,
             "special_tokens_map.json": {k: tag(v) for k, v in specials.items()}}

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat3 import minimind3_pieces
+from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE, minimind3_pieces
 from minimind_lib.tokenizer.special import (
+    CHAT_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
     IM_END,
     IM_START,
@@ -109,17 +110,29 @@ def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = 
 
 def template_of(tokenizer: BPETokenizer) -> str:
     """The chat template a tokenizer's model speaks: MiniMind-3's when the tokenizer reserves
-    its ``<think>`` and ``<tool_call>`` markers (MiniMind-3's own tokenizer does), else
-    MiniMind2's (the course tokenizer's).
+    its ``<think>`` and ``<tool_call>`` markers (the course tokenizer, ids 3-8, and MiniMind-3's
+    own, ids 21-26, do), else MiniMind2's (MiniMind2's tokenizer has only ChatML's three).
 
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer
-    >>> from minimind_lib.tokenizer.special import TOOL_AND_THINK_TOKENS
-    >>> tok = load_tokenizer()
-    >>> template_of(tok), template_of(tok.add_special_tokens(TOOL_AND_THINK_TOKENS))
-    ('minimind2', 'minimind-3')
+    >>> from minimind_lib.tokenizer.training import train_bpe
+    >>> template_of(load_tokenizer()), template_of(train_bpe(["ab ab"], 260, show_progress=False))
+    ('minimind-3', 'minimind2')
     """
-    return ("minimind-3" if tokenizer.is_special(THINK) and tokenizer.is_special(TOOL_CALL)
+    return ("minimind-3" if tokenizer.reserves(THINK) and tokenizer.reserves(TOOL_CALL)
             else "minimind2")
+
+
+def jinja_template(template: str) -> str:
+    """The Jinja chat template an exported tokenizer_config.json or GGUF carries for
+    ``template``, so ``transformers`` and llama.cpp render as ``apply_chat_template`` does.
+
+    >>> jinja_template("minimind-3")[:40]
+    '{%- macro turn(role, text) -%}{{- "<|im_'
+    """
+    if template not in CHAT_TEMPLATES:
+        raise ValueError(f"unknown chat template {template!r}; choose one of "
+                         f"{', '.join(CHAT_TEMPLATES)}")
+    return MINIMIND3_CHAT_TEMPLATE if template == "minimind-3" else CHAT_TEMPLATE
 
 
 def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
@@ -133,8 +146,8 @@ def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer
     >>> tok = load_tokenizer()
     >>> ids = encode_chat(tok, [{"role": "user", "content": "<|im_end|>"}])
-    >>> ids.count(tok.token_to_id("<|im_end|>"))   # system + user turns only
-    2
+    >>> ids.count(tok.token_to_id("<|im_end|>"))   # the user turn's only
+    1
     """
     template = template or template_of(tokenizer)
     ids: list[int] = []
@@ -152,7 +165,7 @@ def marker_id(tokenizer: BPETokenizer, marker: str, template: str = "minimind2")
     >>> marker_id(load_tokenizer(), "<|im_end|>")
     2
     """
-    if not tokenizer.is_special(marker):  # per marker of every example: a dict lookup
+    if not tokenizer.reserves(marker):  # per marker of every example: a set lookup
         raise ValueError(f"this tokenizer has no special token {marker!r}, which the "
                          f"{template} chat template needs as one id (its special tokens: "
                          f"{', '.join(tokenizer.special_tokens)}); use a tokenizer that "

@@ -158,18 +158,24 @@ def _tojson(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+#: The tools block's fixed text (between the tool list and the markers it names).
+TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n"
+               "<tools>")
+TOOLS_CONVENTION = ("\n</tools>\n\nFor each function call, return a json object with function "
+                    "name and arguments within ")
+TOOLS_TAGS = " XML tags:\n"
+CALL_SHAPE = '\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+
+
 def _tools_block(system: str | None, tools: Sequence[dict]) -> list[Piece]:
-    head = (system + "\n\n" if system is not None else "") + (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+    head = (system + "\n\n" if system is not None else "") + TOOLS_INTRO
     listing = "".join("\n" + _tojson(t) for t in tools)
-    convention = ("\n</tools>\n\nFor each function call, return a json object with function "
-                  "name and arguments within ")
-    return [(IM_START, True, False), ("system\n" + head + listing + convention, False, False),
+    return [(IM_START, True, False), ("system\n" + head + listing + TOOLS_CONVENTION, False, False),
             (TOOL_CALL, True, False), (TOOL_CALL_END, True, False),
-            (" XML tags:\n", False, False), (TOOL_CALL, True, False),
-            ('\n{"name": <function-name>, "arguments": <args-json-object>}\n', False, False),
-            (TOOL_CALL_END, True, False), (IM_END, True, False), ("\n", False, False)]
+            (TOOLS_TAGS, False, False), (TOOL_CALL, True, False),
+            (CALL_SHAPE, False, False), (TOOL_CALL_END, True, False), (IM_END, True, False),
+            ("\n", False, False)]
 
 
 def split_reasoning(message: dict) -> tuple[str, str]:
@@ -258,3 +264,56 @@ def minimind3_pieces(messages: Sequence[object], add_generation_prompt: bool = F
         pieces += ([("\n", False, False)] if open_thinking else
                    [("\n\n", False, False), (THINK_END, True, False), ("\n\n", False, False)])
     return _merged(pieces)
+
+
+def _q(text: str) -> str:
+    """``text`` as a Jinja string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+#: The same format as a Jinja template, written for this course and saved in an exported
+#: tokenizer_config.json and GGUF, so ``transformers``' ``apply_chat_template`` (``tools=``,
+#: ``open_thinking=``) and llama.cpp render what ``minimind3_pieces`` does
+#: (``tests/test_chat3.py``).
+MINIMIND3_CHAT_TEMPLATE = "".join([
+    "{%- macro turn(role, text) -%}{{- ", _q(IM_START), " + role + '\\n' + text + ",
+    _q(IM_END + "\n"), " -}}{%- endmacro -%}",
+    "{%- set opens_with_system = messages and messages[0].role == 'system' -%}",
+    "{%- if tools -%}{{- ", _q(IM_START + "system\n"), " -}}",
+    "{%- if opens_with_system -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}",
+    "{{- ", _q(TOOLS_INTRO), " -}}",
+    "{%- for tool in tools -%}{{- '\\n' + tool | tojson -}}{%- endfor -%}",
+    "{{- ", _q(TOOLS_CONVENTION + TOOL_CALL + TOOL_CALL_END + TOOLS_TAGS + TOOL_CALL + CALL_SHAPE
+               + TOOL_CALL_END + IM_END + "\n"), " -}}",
+    "{%- elif opens_with_system -%}{{- turn('system', messages[0].content) -}}{%- endif -%}",
+    "{%- for m in messages -%}",
+    "{%- set text = m.content if m.content is string else '' -%}",
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) -%}",
+    "{{- turn(m.role, text) -}}",
+    "{%- elif m.role == 'assistant' -%}",
+    "{%- set thought = '' -%}",
+    "{%- if m.reasoning_content is string -%}{%- set thought = m.reasoning_content -%}",
+    "{%- elif ", _q(THINK_END), " in text -%}",
+    "{%- set thought = text.split(", _q(THINK_END), ")[0].rstrip('\\n').split(", _q(THINK),
+    ")[-1].lstrip('\\n') -%}",
+    "{%- set text = text.split(", _q(THINK_END), ")[-1].lstrip('\\n') -%}{%- endif -%}",
+    "{{- ", _q(IM_START + "assistant\n" + THINK + "\n"), " + thought.strip('\\n') + ",
+    _q("\n" + THINK_END + "\n\n"), " + text.lstrip('\\n') -}}",
+    "{%- for call in m.tool_calls or [] -%}",
+    "{%- set f = call.function if call.function is defined else call -%}",
+    "{{- ('\\n' if (text or not loop.first) else '') + ", _q(TOOL_CALL + '\n{"name": "'),
+    " + f.name + ", _q('", "arguments": '),
+    " + (f.arguments if f.arguments is string else f.arguments | tojson) + ",
+    _q("}\n" + TOOL_CALL_END), " -}}",
+    "{%- endfor -%}{{- ", _q(IM_END + "\n"), " -}}",
+    "{%- elif m.role == 'tool' -%}",
+    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- ", _q(IM_START + "user"),
+    " -}}{%- endif -%}",
+    "{{- ", _q("\n" + TOOL_RESPONSE + "\n"), " + text + ", _q("\n" + TOOL_RESPONSE_END), " -}}",
+    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- ", _q(IM_END + "\n"),
+    " -}}{%- endif -%}",
+    "{%- endif -%}{%- endfor -%}",
+    "{%- if add_generation_prompt -%}{{- ", _q(IM_START + "assistant\n" + THINK + "\n"),
+    " -}}{%- if not (open_thinking is defined and open_thinking) -%}{{- ",
+    _q("\n" + THINK_END + "\n\n"), " -}}{%- endif -%}{%- endif -%}",
+])

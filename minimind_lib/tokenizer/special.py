@@ -1,4 +1,5 @@
-"""The special tokens (ids 0, 1, 2), MiniMind-3's tool and thinking markers, and MiniMind2's
+"""The special tokens (ids 0, 1, 2), MiniMind-3's tool and thinking markers (the course
+tokenizer's ids 3-8), and MiniMind2's
 Jinja chat template that spells them: the only home of these strings in the library
 (``tests/test_layout.py`` checks it).
 """
@@ -18,6 +19,9 @@ TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"  # wrap
 THINK, THINK_END = "<think>", "</think>"  # wrap the reasoning that opens every MiniMind-3 reply
 TOOL_AND_THINK_TOKENS = [TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END, THINK,
                          THINK_END]
+#: The course tokenizer's reserved ids 0-8: ChatML's three, then MiniMind-3's six markers, so
+#: the course model speaks MiniMind-3's chat format (``scripts/train_tokenizer.py``).
+COURSE_SPECIAL_TOKENS = SPECIAL_TOKENS + TOOL_AND_THINK_TOKENS
 
 #: MiniMind2's Jinja chat template (its tool-calling branch left out), saved in
 #: tokenizer_config.json so ``transformers``' ``apply_chat_template`` renders the same text.

@@ -33,6 +33,7 @@ outside the vocabulary): only ``splice`` consumes the slots.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -54,7 +55,7 @@ from minimind_lib.model.decoder import (
 )
 from minimind_lib.model.sampling import sample_next_token
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat import chat_parts
+from minimind_lib.tokenizer.chat import chat_parts, marker_id, template_of
 from minimind_lib.vision.clip import (
     CLIP,
     CLIPConfig,
@@ -74,8 +75,9 @@ def encode_image_chat(tokenizer: BPETokenizer, messages: Sequence[dict], image_t
                       image_turn: int | None = None) -> list[int]:
     """``tokenizer.encode_chat`` with ``image_tokens`` slots (``IMAGE_TOKEN_ID``) opening the
     content of message ``image_turn`` (default: the first user message), right after its
-    ``<|im_start|>user\\n``. Roles are special ids and contents are never parsed for special
-    tokens, exactly as in ``encode_chat``; the slots come from their position alone.
+    ``<|im_start|>user\n``. Roles are special ids and contents are never parsed for special
+    tokens, exactly as in ``encode_chat`` (in the tokenizer's template, ``template_of``); the
+    slots come from their position alone.
 
     >>> from minimind_lib.tokenizer.chat import encode_chat
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer
@@ -85,33 +87,34 @@ def encode_image_chat(tokenizer: BPETokenizer, messages: Sequence[dict], image_t
     >>> [t for t in ids if t != IMAGE_TOKEN_ID] == encode_chat(tok, chat, True)
     True
     >>> print("".join("#" if t == IMAGE_TOKEN_ID else tok.decode([t]) for t in ids))
-    <|im_start|>system
-    You are a helpful assistant<|im_end|>
     <|im_start|>user
     ###What shape is it?<|im_end|>
     <|im_start|>assistant
+    <think>
+    <BLANKLINE>
+    </think>
+    <BLANKLINE>
     <BLANKLINE>
     """
     if image_turn is None:
         image_turn = next((i for i, m in enumerate(messages) if m.get("role") == "user"), -1)
     if not 0 <= image_turn < len(messages):
         raise ValueError(f"no message {image_turn} to put the image in (messages: {len(messages)})")
-    parts = chat_parts(messages, add_generation_prompt)
-    # chat_parts renders each turn as [<|im_start|>, "role\ncontent", <|im_end|>, "\n"], after a
-    # default system turn when the conversation has none
-    offset = 0 if messages[0]["role"] == "system" else 1
-    target = 4 * (image_turn + offset) + 1
+    # the slots' place: a mark opening the image turn's content (random per call, so no text
+    # can hold it), found in the rendering and cut out of it
+    mark = f"\x00{secrets.token_hex(16)}\x00"
+    marked = [dict(m) for m in messages]
+    marked[image_turn]["content"] = mark + str(messages[image_turn].get("content"))
+    template = template_of(tokenizer)
     ids: list[int] = []
-    for k, (text, special) in enumerate(parts):
+    for text, special in chat_parts(marked, add_generation_prompt, template=template):
         if special:
-            ids.append(tokenizer.token_to_id(text))
-        elif k == target:
-            message = messages[image_turn]
-            ids += tokenizer.encode(f"{message['role']}\n", allowed_special=set())
-            ids += [IMAGE_TOKEN_ID] * image_tokens
-            ids += tokenizer.encode(message["content"], allowed_special=set())
-        else:
-            ids += tokenizer.encode(text, allowed_special=set())
+            ids.append(marker_id(tokenizer, text, template))
+            continue
+        head, found, tail = text.partition(mark)
+        ids += tokenizer.encode(head, allowed_special=set())
+        if found:
+            ids += [IMAGE_TOKEN_ID] * image_tokens + tokenizer.encode(tail, allowed_special=set())
     return ids
 
 

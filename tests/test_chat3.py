@@ -163,7 +163,8 @@ def test_a_tokenizer_without_the_markers_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown chat template 'qwen'"):
         apply_chat_template([{"role": "user", "content": "hi"}], template="qwen")
     with pytest.raises(ValueError, match="MiniMind2's chat template has no tools"):
-        apply_chat_template([{"role": "user", "content": "hi"}], tools=[WEATHER])
+        apply_chat_template([{"role": "user", "content": "hi"}], tools=[WEATHER],
+                            template="minimind2")
 
 
 @pytest.mark.parametrize("message,error", [

@@ -29,7 +29,7 @@ from minimind_lib.model.hf import from_pretrained
 from minimind_lib.model.positions import apply_rope, rope_tables
 from minimind_lib.model.quantize import quantize_int8
 from minimind_lib.tokenizer import load_tokenizer
-from minimind_lib.tokenizer.special import CHAT_TEMPLATE
+from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE
 
 TOK = load_tokenizer()
 GQA = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -200,12 +200,12 @@ def test_metadata_tokenizer_and_tensors_read_back(tmp_path):
     assert meta["tokenizer.ggml.merges"] == [f"{a} {b}" for a, b in TOK.merges]
     types = meta["tokenizer.ggml.token_type"]
     specials = [TOK.token_to_id(t) for t in TOK.special_tokens]
-    assert [types[i] for i in specials] == [gguf.TokenType.CONTROL] * 3
+    assert [types[i] for i in specials] == [gguf.TokenType.CONTROL] * 9  # ChatML + MiniMind-3
     assert set(types) - {gguf.TokenType.CONTROL} == {gguf.TokenType.NORMAL}
     assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"],
             meta["tokenizer.ggml.padding_token_id"]) == (1, 2, 0)
     assert meta["tokenizer.ggml.add_bos_token"] is False
-    assert meta["tokenizer.chat_template"] == CHAT_TEMPLATE
+    assert meta["tokenizer.chat_template"] == MINIMIND3_CHAT_TEMPLATE  # the format it speaks
     # tensors: GGUF names, no output.weight (tied), 2-D in f16, norms in f32, values kept
     tensors = {t.name: t for t in reader.tensors}
     names = {n.format(i=i) for n in GGUF_NAMES.values() for i in range(c.num_hidden_layers)

@@ -81,7 +81,7 @@ def test_sampling_is_reproducible_and_keeps_the_prompt_and_the_models_mode():
             assert 1 <= len(s.response) <= 5
             assert reply(TOK, s.response) == (s.response, s.answer)
             assert TOK.decode(s.prompt).endswith(q.messages[-1]["content"] + "<|im_end|>\n"
-                                                 "<|im_start|>assistant\n")
+                                                 "<|im_start|>assistant\n<think>\n\n</think>\n\n")
     with pytest.raises(ValueError, match="must be positive"):
         sample_answers(model, TOK, questions, 0, max_new_tokens=5)
 

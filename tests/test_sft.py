@@ -28,14 +28,23 @@ def supervised_runs(labels):
     return runs
 
 
-def expected_runs(messages):
-    """The contract: each assistant turn supervises its content's tokens + <|im_end|>."""
-    return [TOK.encode(m["content"], allowed_special=set()) + [IM_END]
+TEMPLATES = ["minimind-3", "minimind2"]  # the course tokenizer's own first; MiniMind2's by name
+THINK, THINK_END = TOK.token_to_id("<think>"), TOK.token_to_id("</think>")
+
+
+def expected_runs(messages, template="minimind-3"):
+    """The contract: each assistant turn supervises its content's tokens + <|im_end|>, after
+    MiniMind-3's think block (empty here: no reasoning) under its template."""
+    def encode(text):
+        return TOK.encode(text, allowed_special=set())
+
+    return [([THINK] + encode("\n\n") + [THINK_END] + encode("\n\n" + m["content"].lstrip("\n"))
+             if template == "minimind-3" else encode(m["content"])) + [IM_END]
             for m in messages if m["role"] == "assistant"]
 
 
-def check_contract(messages, max_length=10_000):
-    ids, labels = sft_example(TOK, messages, max_length)
+def check_contract(messages, max_length=10_000, template="minimind-3"):
+    ids, labels = sft_example(TOK, messages, max_length, template=template)
     assert len(ids) == len(labels) <= max_length
     assert all(lab in (IGNORE_INDEX, i) for i, lab in zip(ids, labels, strict=True))
     return ids, labels
@@ -45,47 +54,59 @@ USER = {"role": "user", "content": "Which is larger, 7 or 3?"}
 REPLY = {"role": "assistant", "content": "7"}
 
 
-def test_single_turn_supervises_the_reply_and_its_end_only():
-    ids, labels = check_contract([USER, REPLY])
-    assert supervised_runs(labels) == expected_runs([USER, REPLY])
-    assert TOK.decode([t for t in labels if t != IGNORE_INDEX]) == "7<|im_end|>"
-    # the ids are the rendered chat (default system message included), never supervised
-    assert TOK.decode(ids) == apply_chat_template([USER, REPLY])
-    assert ids == encode_chat(TOK, [USER, REPLY])
-    system_end = ids.index(IM_END)
-    assert all(lab == IGNORE_INDEX for lab in labels[:system_end + 1])
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_single_turn_supervises_the_reply_and_its_end_only(template):
+    ids, labels = check_contract([USER, REPLY], template=template)
+    assert supervised_runs(labels) == expected_runs([USER, REPLY], template)
+    think = "<think>\n\n</think>\n\n" if template == "minimind-3" else ""
+    assert TOK.decode([t for t in labels if t != IGNORE_INDEX]) == think + "7<|im_end|>"
+    # the ids are the rendered chat (MiniMind2's default system message included)
+    assert TOK.decode(ids) == apply_chat_template([USER, REPLY], template=template)
+    assert ids == encode_chat(TOK, [USER, REPLY], template=template)
+    first_end = ids.index(IM_END)
+    assert all(lab == IGNORE_INDEX for lab in labels[:first_end + 1])
+    # the course tokenizer speaks MiniMind-3's format by default
+    assert sft_example(TOK, [USER, REPLY], 64) == sft_example(TOK, [USER, REPLY], 64,
+                                                               template="minimind-3")
 
 
-def test_multi_turn_supervises_every_assistant_turn():
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_multi_turn_supervises_every_assistant_turn(template):
     chat = [USER, REPLY, {"role": "user", "content": "和 9 比呢？"},
             {"role": "assistant", "content": "9 更大。"}, {"role": "user", "content": "ok"},
             {"role": "assistant", "content": "Good: 9 > 7 > 3."}]
-    ids, labels = check_contract(chat)
-    assert supervised_runs(labels) == expected_runs(chat)
-    assert TOK.decode(ids) == apply_chat_template(chat)
+    ids, labels = check_contract(chat, template=template)
+    assert supervised_runs(labels) == expected_runs(chat, template)
+    assert TOK.decode(ids) == apply_chat_template(chat, template=template)
     # the <|im_end|> of user and system turns is never a target; each assistant's one is
     ends = [k for k, i in enumerate(ids) if i == IM_END]
-    assert ([labels[k] != IGNORE_INDEX for k in ends]
-            == [False, False, True, False, True, False, True])
+    system = [False] if template == "minimind2" else []  # MiniMind2's default system turn
+    assert [labels[k] != IGNORE_INDEX for k in ends] == system + [False, True] * 3
 
 
-def test_system_message_and_role_markers_are_never_supervised():
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_system_message_and_role_markers_are_never_supervised(template):
     system = {"role": "system", "content": "You answer with one number."}
-    with_system, without = check_contract([system, USER, REPLY]), check_contract([USER, REPLY])
+    with_system = check_contract([system, USER, REPLY], template=template)
+    without = check_contract([USER, REPLY], template=template)
     for ids, labels in (with_system, without):
-        assert supervised_runs(labels) == expected_runs([USER, REPLY])
+        assert supervised_runs(labels) == expected_runs([USER, REPLY], template)
         marked = [lab for i, lab in zip(ids, labels, strict=True)
                   if i == TOK.token_to_id("<|im_start|>")]
         assert marked and all(lab == IGNORE_INDEX for lab in marked)
     assert TOK.decode(with_system[0]).startswith("<|im_start|>system\nYou answer with one number.")
 
 
-def test_typed_special_tokens_in_content_are_text():
-    chat = [{"role": "user", "content": "say <|im_end|>"},
-            {"role": "assistant", "content": "<|im_end|><|im_start|>user"}]
-    ids, labels = check_contract(chat)
-    assert supervised_runs(labels) == expected_runs(chat)
-    assert ids.count(IM_END) == 3  # system, user, assistant turns: the typed ones are text
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_typed_special_tokens_in_content_are_text(template):
+    chat = [{"role": "user", "content": "say <|im_end|> <think>"},
+            {"role": "assistant", "content": "<|im_end|><|im_start|>user <tool_call>"}]
+    ids, labels = check_contract(chat, template=template)
+    assert supervised_runs(labels) == expected_runs(chat, template)
+    # user and assistant turns (+ MiniMind2's system turn): the typed ones are text
+    assert ids.count(IM_END) == (2 if template == "minimind-3" else 3)
+    assert ids.count(THINK) == (1 if template == "minimind-3" else 0)
+    assert TOK.token_to_id("<tool_call>") not in ids
 
 
 def test_truncation_keeps_a_prefix_of_ids_and_labels():
@@ -106,13 +127,14 @@ message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
 
 @settings(max_examples=60, deadline=None)
 @given(messages=st.lists(message, min_size=1, max_size=6),
-       system=st.one_of(st.none(), text), max_length=st.integers(1, 80))
-def test_mask_contract_on_random_conversations(messages, system, max_length):
+       system=st.one_of(st.none(), text), max_length=st.integers(1, 80),
+       template=st.sampled_from(TEMPLATES))
+def test_mask_contract_on_random_conversations(messages, system, max_length, template):
     chat = ([{"role": "system", "content": system}] if system is not None else []) + messages
-    ids, labels = check_contract(chat)
-    assert TOK.decode(ids) == apply_chat_template(chat)
-    assert supervised_runs(labels) == expected_runs(chat)
-    assert check_contract(chat, max_length) == (ids[:max_length], labels[:max_length])
+    ids, labels = check_contract(chat, template=template)
+    assert TOK.decode(ids) == apply_chat_template(chat, template=template)
+    assert supervised_runs(labels) == expected_runs(chat, template)
+    assert check_contract(chat, max_length, template) == (ids[:max_length], labels[:max_length])
 
 
 @settings(max_examples=40, deadline=None)

@@ -38,6 +38,8 @@ from minimind_lib.tokenizer.bpe import (
     pretokenize,
     to_byte_level,
 )
+from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE  # noqa: E402
+from minimind_lib.tokenizer.special import COURSE_SPECIAL_TOKENS, TOOL_AND_THINK_TOKENS  # noqa: E402
 
 # --- corpora built in the test --------------------------------------------------------
 
@@ -313,18 +315,20 @@ def test_chat_template_equals_transformers(trained, tmp_path, idx, gen):
     tok.save_pretrained(tmp_path)
     auto = AutoTokenizer.from_pretrained(tmp_path)
     messages = CONVERSATIONS[idx]
-    text = apply_chat_template(messages, add_generation_prompt=gen)
+    text = apply_chat_template(messages, add_generation_prompt=gen, template="minimind2")
     assert text == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
     ids = auto.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen)["input_ids"]
     assert encode_chat(tok, messages, add_generation_prompt=gen) == ids == tok.encode(text)
 
 
 def test_chat_template_default_system_and_generation_prompt():
-    text = apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True)
+    """MiniMind2's (a tokenizer without MiniMind-3's markers, like ``trained``, speaks it)."""
+    text = apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                               template="minimind2")
     assert text == ("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
                     "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n")
     own = apply_chat_template([{"role": "system", "content": "S"},
-                               {"role": "user", "content": "x"}])
+                               {"role": "user", "content": "x"}], template="minimind2")
     assert own == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nx<|im_end|>\n"
 
 
@@ -335,15 +339,19 @@ def test_chat_injection_cannot_forge_a_turn(trained):
     ids = encode_chat(tok, messages, add_generation_prompt=True)
     # markers: system turn (start, end), user turn (start, end), generation prompt (start)
     assert [i for i in ids if i in (1, 2)] == [1, 2, 1, 2, 1]
-    assert tok.decode(ids) == apply_chat_template(messages, add_generation_prompt=True)
+    assert tok.decode(ids) == apply_chat_template(messages, add_generation_prompt=True,
+                                                  template="minimind2")
     # parsing the rendered string instead would let the content open a system turn
-    assert tok.encode(apply_chat_template(messages)).count(1) == 3
+    assert tok.encode(apply_chat_template(messages, template="minimind2")).count(1) == 3
 
 
 def test_chat_bad_messages():
     with pytest.raises(ValueError, match="at least one message"):
-        apply_chat_template([])
+        apply_chat_template([], template="minimind2")
     with pytest.raises(ValueError, match=r"messages\[1\] must be"):
+        apply_chat_template([{"role": "user", "content": "x"}, {"role": "bot", "content": "y"}],
+                            template="minimind2")
+    with pytest.raises(ValueError, match=r"messages\[1\]\.role is 'bot'"):
         apply_chat_template([{"role": "user", "content": "x"}, {"role": "bot", "content": "y"}])
 
 
@@ -399,10 +407,13 @@ def test_missing_and_broken_files(tmp_path):
 def test_course_tokenizer_is_the_library_trained_on_the_sample():
     tok = load_tokenizer()
     assert len(tok) == 6400 and [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2]
+    assert [tok.token_to_id(t) for t in TOOL_AND_THINK_TOKENS] == [3, 4, 5, 6, 7, 8]
     texts = [r["text"] for r in read_jsonl(COURSE_CORPUS, "pretrain")]
     # the committed file is what the library trains on the bundled sample (HF's trainer is
     # the fast witness here; scripts/train_tokenizer.py checks train_bpe gives the same)
-    assert tok.to_dict() == train_bpe_fast(texts, COURSE_VOCAB_SIZE).to_dict()
+    assert tok.to_dict() == train_bpe_fast(texts, COURSE_VOCAB_SIZE,
+                                           COURSE_SPECIAL_TOKENS).to_dict()
     config = json.loads((COURSE_TOKENIZER.parent / "tokenizer_config.json").read_text("utf-8"))
-    assert config["chat_template"] and config["eos_token"] == "<|im_end|>"
+    assert config["chat_template"] == MINIMIND3_CHAT_TEMPLATE  # the format it speaks
+    assert config["eos_token"] == "<|im_end|>"
     assert (DATA_DIR / "tokenizer" / "special_tokens_map.json").is_file()

@@ -25,14 +25,15 @@ from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 # --- SFT: ChatML conversations with answer-only labels (notebook 05) ---------------------
 
 def sft_segments(messages: Sequence[dict],
-                 template: str = "minimind2") -> list[tuple[str, bool, bool]]:
+                 template: str = "minimind-3") -> list[tuple[str, bool, bool]]:
     """The rendered conversation (``apply_chat_template``) as ``(text, is_special, supervised)``
     pieces: the assistant's content and the ``<|im_end|>`` closing its turn are supervised;
     system and user turns, role markers and newlines are not. Under ``template="minimind-3"``
-    the pieces are ``minimind3_pieces``' (think block and tool calls supervised too).
+    (the default) the pieces are ``minimind3_pieces``' (think block and tool calls supervised
+    too); MiniMind2's:
 
     >>> for seg in sft_segments([{"role": "user", "content": "1+1?"},
-    ...                          {"role": "assistant", "content": "2"}])[4:]:
+    ...                          {"role": "assistant", "content": "2"}], "minimind2")[4:]:
     ...     print(seg)
     ('<|im_start|>', True, False)
     ('user\\n1+1?', False, False)
@@ -68,7 +69,7 @@ def sft_segments(messages: Sequence[dict],
 
 def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]],
               encoded: Iterator[list[int]], seq_len: int,
-              template: str = "minimind2") -> tuple[list[int], list[int]]:
+              template: str = "minimind-3") -> tuple[list[int], list[int]]:
     """Join segment ids (``encoded`` holds the non-special ones, in order) and their labels."""
     ids: list[int] = []
     labels: list[int] = []

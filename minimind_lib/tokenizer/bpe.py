@@ -25,7 +25,8 @@ import regex
 from minimind_lib import DATA_DIR
 from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import TOKENIZER_FILE, TOKENIZER_FILES
-from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
+from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE, reserves_markers
+from minimind_lib.tokenizer.special import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
 
 #: The course tokenizer: ``train_bpe(<texts of COURSE_CORPUS>, COURSE_VOCAB_SIZE)``,
 #: rebuilt by ``python scripts/train_tokenizer.py``.
@@ -186,13 +187,7 @@ class BPETokenizer:
         return token in self._special
 
     def reserves(self, token: str) -> bool:
-        """Whether ``token`` has an id of its own that encoding never splits: an added token,
-        special (the course's markers) or not (MiniMind-3's ``<think>``, special=False there).
-
-        >>> tok = load_tokenizer()
-        >>> tok.reserves("<think>"), tok.reserves("<tool_call>"), tok.reserves("think")
-        (True, True, False)
-        """
+        """Whether ``token`` is an added token (one id, never split), special or not."""
         return token in self._added
 
     def token_to_id(self, token: str) -> int:
@@ -584,8 +579,6 @@ def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, model_dir: str | os.P
 def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
     """tokenizer_config.json and special_tokens_map.json as MiniMind ships them, with the chat
     template the tokenizer's model speaks (``chat.template_of``)."""
-    from minimind_lib.tokenizer.chat import jinja_template, template_of  # chat imports this module
-
     def tag(content: str) -> dict:
         return {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
                 "single_word": False, "special": True}
@@ -600,7 +593,8 @@ def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
         "additional_special_tokens": [], **specials,
         "clean_up_tokenization_spaces": False, "legacy": True, "model_max_length": 32768,
         "spaces_between_special_tokens": False, "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": jinja_template(template_of(tokenizer)),
+        "chat_template": (MINIMIND3_CHAT_TEMPLATE if reserves_markers(tokenizer)
+                          else CHAT_TEMPLATE),
     }
     return {"tokenizer_config.json": config,
             "special_tokens_map.json": {k: tag(v) for k, v in specials.items()}}

@@ -2,12 +2,12 @@
 ids whose markers are special ids while message content is never parsed for special tokens
 (``encode_chat``):
 
-* ``"minimind2"``: MiniMind2's ChatML (a default system turn when none is given), the course
-  model's format;
-* ``"minimind-3"``: MiniMind-3's (``tools`` in the system turn, ``<tool_call>`` JSON per call,
-  tool results as ``<tool_response>`` user turns, a ``<think>`` block opening every reply),
-  rendered exactly as its ``tokenizer_config.json`` template renders through ``transformers``
-  (``minimind_lib.tokenizer.chat3`` holds it).
+* ``"minimind-3"`` (the default): MiniMind-3's, the course model's format (``tools`` in the
+  system turn, ``<tool_call>`` JSON per call, tool results as ``<tool_response>`` user turns, a
+  ``<think>`` block opening every reply), rendered exactly as its ``tokenizer_config.json``
+  template renders through ``transformers`` (``minimind_lib.tokenizer.chat3`` holds it);
+* ``"minimind2"``: MiniMind2's ChatML (a default system turn when none is given), for
+  MiniMind2's weights, whose tokenizer has no markers (``template_of``).
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE, minimind3_pieces
+from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE, minimind3_pieces, reserves_markers
 from minimind_lib.tokenizer.special import (
     CHAT_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
     IM_END,
     IM_START,
-    THINK,
-    TOOL_CALL,
 )
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -34,19 +32,19 @@ class TemplateMismatch(ValueError):
 
 
 #: The templates by name; the first is the course model's (``template=`` picks another).
-CHAT_TEMPLATES = ("minimind2", "minimind-3")
+CHAT_TEMPLATES = ("minimind-3", "minimind2")
 
 
 def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False, *,
                tools: Sequence[dict] | None = None, open_thinking: bool = False,
-               template: str = "minimind2") -> list[tuple[str, bool]]:
+               template: str = "minimind-3") -> list[tuple[str, bool]]:
     """The rendered conversation as ``(text, is_special_marker)`` parts.
 
     ``tools`` and ``open_thinking`` belong to MiniMind-3's template (MiniMind2's has neither).
 
-    >>> chat_parts([{"role": "user", "content": "hi"}], add_generation_prompt=True)[-3:]
+    >>> chat_parts([{"role": "user", "content": "hi"}], True, template="minimind2")[-3:]
     [('\\n', False), ('<|im_start|>', True), ('assistant\\n', False)]
-    >>> chat_parts([{"role": "user", "content": "hi"}], True, template="minimind-3")[-4:]
+    >>> chat_parts([{"role": "user", "content": "hi"}], add_generation_prompt=True)[-4:]
     [('<think>', True), ('\\n\\n', False), ('</think>', True), ('\\n\\n', False)]
     """
     if template == "minimind-3":
@@ -84,12 +82,12 @@ def chat_parts(messages: Sequence[dict], add_generation_prompt: bool = False, *,
 
 def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = False, *,
                         tools: Sequence[dict] | None = None, open_thinking: bool = False,
-                        template: str = "minimind2") -> str:
-    """Render ``messages`` in ``template``: MiniMind2's ChatML (default system message when
-    none), or MiniMind-3's with ``tools`` and ``open_thinking``.
+                        template: str = "minimind-3") -> str:
+    """Render ``messages`` in ``template``: MiniMind-3's with ``tools`` and ``open_thinking``,
+    or MiniMind2's ChatML (a default system message when none).
 
     >>> print(apply_chat_template([{"role": "user", "content": "你好"}],
-    ...                           add_generation_prompt=True))
+    ...                           add_generation_prompt=True, template="minimind2"))
     <|im_start|>system
     You are a helpful assistant<|im_end|>
     <|im_start|>user
@@ -97,7 +95,7 @@ def apply_chat_template(messages: Sequence[dict], add_generation_prompt: bool = 
     <|im_start|>assistant
     <BLANKLINE>
     >>> print(apply_chat_template([{"role": "user", "content": "你好"}], True,
-    ...                           template="minimind-3", open_thinking=True))
+    ...                           open_thinking=True))
     <|im_start|>user
     你好<|im_end|>
     <|im_start|>assistant
@@ -118,8 +116,7 @@ def template_of(tokenizer: BPETokenizer) -> str:
     >>> template_of(load_tokenizer()), template_of(train_bpe(["ab ab"], 260, show_progress=False))
     ('minimind-3', 'minimind2')
     """
-    return ("minimind-3" if tokenizer.reserves(THINK) and tokenizer.reserves(TOOL_CALL)
-            else "minimind2")
+    return "minimind-3" if reserves_markers(tokenizer) else "minimind2"
 
 
 def jinja_template(template: str) -> str:
@@ -158,7 +155,7 @@ def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],
     return ids
 
 
-def marker_id(tokenizer: BPETokenizer, marker: str, template: str = "minimind2") -> int:
+def marker_id(tokenizer: BPETokenizer, marker: str, template: str = "minimind-3") -> int:
     """The special id of a template marker; an error naming the marker when it has none.
 
     >>> from minimind_lib.tokenizer.bpe import load_tokenizer

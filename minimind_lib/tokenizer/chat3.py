@@ -153,6 +153,12 @@ def normalise_messages(messages: Sequence[object], field: str = "messages"
     return out, tools
 
 
+def reserves_markers(tokenizer: object) -> bool:
+    """Whether a tokenizer reserves MiniMind-3's ``<think>`` and ``<tool_call>`` (so its model
+    speaks MiniMind-3's format: ``chat.template_of``)."""
+    return tokenizer.reserves(THINK) and tokenizer.reserves(TOOL_CALL)
+
+
 def _tojson(value: object) -> str:
     """What the template's ``tojson`` filter writes (``transformers``' own: no ASCII escapes)."""
     return json.dumps(value, ensure_ascii=False)

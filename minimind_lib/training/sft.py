@@ -23,16 +23,18 @@ held-out questions, and evaluates the model before and after
 >>> tokenizer = load_tokenizer()
 >>> ids, labels = sft_example(tokenizer, [{"role": "user", "content": "3 + 5 = ?"},
 ...                                       {"role": "assistant", "content": "3 + 5 = 8"}], 64)
->>> print(tokenizer.decode(ids))   # the whole rendered chat is the input
-<|im_start|>system
-You are a helpful assistant<|im_end|>
+>>> print(tokenizer.decode(ids))   # the whole rendered chat is the input (MiniMind-3's format)
 <|im_start|>user
 3 + 5 = ?<|im_end|>
 <|im_start|>assistant
+<think>
+<BLANKLINE>
+</think>
+<BLANKLINE>
 3 + 5 = 8<|im_end|>
 <BLANKLINE>
 >>> tokenizer.decode([t for t in labels if t != IGNORE_INDEX])   # the only targets
-'3 + 5 = 8<|im_end|>'
+'<think>\\n\\n</think>\\n\\n3 + 5 = 8<|im_end|>'
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ class ReplayMix(Dataset):
     >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     >>> sft = SFTDataset([{"conversations": chat}] * 20, load_tokenizer(), 64, progress=False)
     >>> mix = ReplayMix(sft, PretrainDataset(p, seq_len=9), share=0.5, seed=0)
-    >>> sft.num_targets, mix.windows, len(mix)   # 100 answer tokens, 10 windows of 10 tokens
-    (100, 10, 30)
+    >>> sft.num_targets, mix.windows, len(mix)   # 220 reply tokens, 22 windows of 10 tokens
+    (220, 22, 42)
     >>> mix[25]["labels"].tolist() == mix[25]["input_ids"].tolist()
     True
     """

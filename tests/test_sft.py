@@ -33,14 +33,14 @@ THINK, THINK_END = TOK.token_to_id("<think>"), TOK.token_to_id("</think>")
 
 
 def expected_runs(messages, template="minimind-3"):
-    """The contract: each assistant turn supervises its content's tokens + <|im_end|>, after
-    MiniMind-3's think block (empty here: no reasoning) under its template."""
+    """The contract: each assistant turn supervises its content's tokens + <|im_end|>; under
+    MiniMind-3's template after the empty think block (context, as in the generation prompt),
+    from the "\\n\\n" that follows it."""
     def encode(text):
         return TOK.encode(text, allowed_special=set())
 
-    return [([THINK] + encode("\n\n") + [THINK_END] + encode("\n\n" + m["content"].lstrip("\n"))
-             if template == "minimind-3" else encode(m["content"])) + [IM_END]
-            for m in messages if m["role"] == "assistant"]
+    return [(encode("\n\n" + m["content"].lstrip("\n")) if template == "minimind-3"
+             else encode(m["content"])) + [IM_END] for m in messages if m["role"] == "assistant"]
 
 
 def check_contract(messages, max_length=10_000, template="minimind-3"):
@@ -58,7 +58,7 @@ REPLY = {"role": "assistant", "content": "7"}
 def test_single_turn_supervises_the_reply_and_its_end_only(template):
     ids, labels = check_contract([USER, REPLY], template=template)
     assert supervised_runs(labels) == expected_runs([USER, REPLY], template)
-    think = "<think>\n\n</think>\n\n" if template == "minimind-3" else ""
+    think = "\n\n" if template == "minimind-3" else ""  # the empty think block is context
     assert TOK.decode([t for t in labels if t != IGNORE_INDEX]) == think + "7<|im_end|>"
     # the ids are the rendered chat (MiniMind2's default system message included)
     assert TOK.decode(ids) == apply_chat_template([USER, REPLY], template=template)
@@ -106,6 +106,7 @@ def test_typed_special_tokens_in_content_are_text(template):
     # user and assistant turns (+ MiniMind2's system turn): the typed ones are text
     assert ids.count(IM_END) == (2 if template == "minimind-3" else 3)
     assert ids.count(THINK) == (1 if template == "minimind-3" else 0)
+    assert THINK not in [lab for lab in labels if lab != IGNORE_INDEX]  # empty: not a target
     assert TOK.token_to_id("<tool_call>") not in ids
 
 

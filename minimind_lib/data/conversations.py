@@ -95,7 +95,7 @@ def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
     >>> ids, labels = sft_example(tokenizer, [{"role": "user", "content": "Hi"},
     ...                                 {"role": "assistant", "content": "Hello!"}], 64)
     >>> tokenizer.decode([t for t in labels if t != IGNORE_INDEX])
-    '<think>\\n\\n</think>\\n\\nHello!<|im_end|>'
+    '\\n\\nHello!<|im_end|>'
     >>> sum(t != IGNORE_INDEX for t in sft_example(tokenizer, [{"role": "user", "content": "Hi"},
     ...                                          {"role": "assistant", "content": "Hello!"}], 8)[1])
     0
@@ -128,8 +128,8 @@ class SFTDataset(Dataset):
     >>> batch = ds.collate([ds[0], ds[1]])
     >>> len(ds), ds.skipped, batch["input_ids"].shape == batch["labels"].shape
     (2, 0, True)
-    >>> ds.lengths.tolist(), ds.num_targets   # per chat: the empty think block (6), "Hello!" (4)
-    ([25, 25], 22)
+    >>> ds.lengths.tolist(), ds.num_targets   # per chat: "\\n\\n" (2), "Hello!" (4), <|im_end|>
+    ([25, 25], 14)
     """
 
     def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int, *,

@@ -202,9 +202,13 @@ def split_reasoning(message: dict) -> tuple[str, str]:
 
 def _assistant(message: dict) -> list[Piece]:
     reasoning, content = split_reasoning(message)
+    # an empty think block is what the generation prompt holds when thinking is off: context,
+    # like the prompt, not a target (supervised, a small model learns to reopen it: see below)
+    thought = bool(reasoning.strip("\n"))
     pieces: list[Piece] = [(IM_START, True, False), ("assistant\n", False, False),
-                           (THINK, True, True), ("\n" + reasoning.strip("\n") + "\n", False, True),
-                           (THINK_END, True, True), ("\n\n" + content.lstrip("\n"), False, True)]
+                           (THINK, True, thought),
+                           ("\n" + reasoning.strip("\n") + "\n", False, thought),
+                           (THINK_END, True, thought), ("\n\n" + content.lstrip("\n"), False, True)]
     for k, call in enumerate(message.get("tool_calls", ())):
         arguments = call["arguments"]
         pieces += [("\n" if (k == 0 and content) or k > 0 else "", False, True),
@@ -234,13 +238,21 @@ def minimind3_pieces(messages: Sequence[object], add_generation_prompt: bool = F
                      tools: Sequence[dict] | None = None,
                      open_thinking: bool = False) -> list[Piece]:
     """The rendering as ``(text, is_special, in_reply)`` pieces; ``in_reply`` marks what SFT
-    supervises: the think block, content and tool calls of every assistant turn and the
-    ``<|im_end|>`` closing it. ``tools`` (a list of tool schemas) overrides a system
-    message's.
+    supervises: the think block (when it holds reasoning), content and tool calls of every
+    assistant turn and the ``<|im_end|>`` closing it. ``tools`` (a list of tool schemas)
+    overrides a system message's.
+
+    An empty think block is not supervised, unlike MiniMind-3's SFT: it is exactly the end of
+    the thinking-off generation prompt, never written by the model; supervised, its six
+    trivial tokens outnumber a short reply's and the smoke model learned to write ``<think>``
+    again after the prompt's block (format rate 27% instead of 50-60%, measured).
 
     >>> [p[0] for p in minimind3_pieces([{"role": "user", "content": "2+2?"},
     ...                                  {"role": "assistant", "content": "4"}]) if p[2]]
-    ['<think>', '\\n\\n', '</think>', '\\n\\n4', '<|im_end|>']
+    ['\\n\\n4', '<|im_end|>']
+    >>> [p[0] for p in minimind3_pieces([{"role": "user", "content": "2+2?"}, {
+    ...     "role": "assistant", "reasoning_content": "2+2=4", "content": "4"}]) if p[2]]
+    ['<think>', '\\n2+2=4\\n', '</think>', '\\n\\n4', '<|im_end|>']
     """
     messages, found = normalise_messages(messages)
     tools = found if tools is None else _tool_list(tools, "tools")

@@ -13,8 +13,8 @@ from pathlib import Path
 #: read from the source, not imported, so the checks run even when an import would fail
 PACKAGE = Path(__file__).resolve().parents[1] / "minimind_lib"
 #: the layers, bottom first: a module imports only from its own layer and the ones below it
-LAYERS = ("core", "tokenizer", "model", "data", "evaluation", "training", "vision", "inference",
-          "course", "__main__")
+LAYERS = ("core", "tokenizer", "model", "data", "tools", "evaluation", "training", "vision",
+          "inference", "course", "__main__")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 #: the exercise checks of all notebooks, one after another: long, but flat (no logic to split)

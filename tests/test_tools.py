@@ -1,0 +1,159 @@
+"""The course's tools: exact answers, the safe executor against hostile arguments (nothing is
+ever evaluated as code; every refusal is a message, never an exception), the schemas, and
+reading calls back out of a model's text."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+
+import pytest
+
+from minimind_lib.tokenizer import apply_chat_template
+from minimind_lib.tools import TOOLS, execute_tool, parse_tool_calls, tool_schemas
+from minimind_lib.tools.arithmetic import CalculatorError, calculate
+
+
+def result(name, arguments):
+    return json.loads(execute_tool(name, arguments))
+
+
+@pytest.mark.parametrize("expression,want", [
+    ("256 * 37", "9472"), ("12345678901234567890 + 1", "12345678901234567891"),
+    ("(12.5 + 3) * 4", "62"), ("0.1 + 0.2", "0.3"), ("7 / 2", "3.5"), ("-7 // 2", "-4"),
+    ("2 ** 64", "18446744073709551616"), ("2 ** -2", "0.25"), ("10 % 4", "2"),
+    ("1 / 3", "0.3333333333333333333333333333"), ("3 × 4 ÷ 6", "2"), (" -(+5) ", "-5"),
+])
+def test_the_calculator_is_exact(expression, want):
+    assert calculate(expression) == want
+    assert result("calculate", {"expression": expression}) == {"result": want}
+
+
+@pytest.mark.parametrize("expression,error", [
+    ("__import__('os')", "found a call (__import__)"),
+    ("__import__('os').system('echo pwned')", "found a call"),
+    ("().__class__.__bases__[0].__subclasses__()", "found a call"),
+    ("open('/etc/passwd').read()", "found a call"),
+    ("9**9**9", "exponent 387420489 is beyond"),
+    ("2 ** 0.5", "whole-number exponents"),
+    ("99 ** 60", "more than 100 digits"),
+    ("1" * 150, "more than 100 digits"),
+    ("1" * 1_000_000, "longer than 200 characters"),
+    ("-" * 50 + "1", "nests deeper than 32"), ("((((1))))", None),
+    ("1e400", "more than 100 digits"),
+    ("1 / 0", "division by zero"), ("5 % 0", "modulo by zero"),
+    ("x + 1", "found a name (x)"), ("'a' * 3", "found a str constant"),
+    ("lambda: 1", "found a lambda"), ("[1] * 9", "found a list"),
+    ("1 if 2 else 3", "found a conditional"), ("1 < 2", "found a comparison"),
+    ("", "empty"), ("1 +", "cannot read"), ("1e-300 * 2", "Underflow"),
+])
+def test_hostile_expressions_are_refused_by_message(expression, error, monkeypatch):
+    # nothing may reach Python's own evaluation, whatever the expression says: eval and exec
+    # are gone, and compile may only build a syntax tree (ast.parse's use of it)
+    def forbidden(*args, **kwargs):
+        raise AssertionError("eval/exec reached")
+    real_compile = builtins.compile
+
+    def tree_only(source, filename, mode, flags=0, *args, **kwargs):
+        assert flags & ast.PyCF_ONLY_AST, "compile asked for code, not a syntax tree"
+        return real_compile(source, filename, mode, flags, *args, **kwargs)
+    monkeypatch.setattr(builtins, "eval", forbidden)
+    monkeypatch.setattr(builtins, "exec", forbidden)
+    monkeypatch.setattr(builtins, "compile", tree_only)
+    if error is None:  # parentheses are not nesting: the tree is one number
+        assert calculate(expression) == "1"
+        return
+    with pytest.raises(CalculatorError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        calculate(expression)
+    assert error in result("calculate", {"expression": expression})["error"]
+
+
+@pytest.mark.parametrize("name,arguments,error", [
+    ("rm", {"path": "/"}, "unknown tool 'rm'"),
+    (None, {}, "unknown tool None"),
+    ("calculate", {}, "needs the argument 'expression'"),
+    ("calculate", {"expression": 42}, "expression must be a string, got int"),
+    ("calculate", {"expression": "1", "shell": "ls"}, "has no argument 'shell'"),
+    ("calculate", "[1, 2]", "must be a JSON object, got list"),
+    ("calculate", "{oops", "not valid JSON"),
+    ("calculate", "[" * 100_000, "longer than 2000 characters"),
+    ("calculate", "[" * 1999, "not valid JSON"),
+    ("convert_units", {"value": True, "from_unit": "m", "to_unit": "cm"}, "must be a number"),
+    ("convert_units", {"value": 1, "from_unit": "m", "to_unit": "kg"}, "cannot convert length"),
+    ("convert_units", {"value": 1, "from_unit": "parsec", "to_unit": "m"}, "not a unit I know"),
+    ("convert_units", {"value": 1e300, "from_unit": "m", "to_unit": "cm"}, "within"),
+    ("days_between", {"start": "2026-02-30", "end": "2026-03-01"}, "not a date"),
+    ("weekday", {"date": "x" * 10_000}, "not a date"),
+    ("poem_author", {"title": "不存在的诗"}, "no poem titled"),
+    ("poem_author", {"title": ["静夜思"]}, "must be a string, got list"),
+])
+def test_bad_calls_come_back_as_the_message_the_model_reads(name, arguments, error):
+    answer = result(name, arguments)
+    assert set(answer) == {"error"} and error in answer["error"], answer
+
+
+@pytest.mark.parametrize("name,arguments,want", [
+    ("convert_units", {"value": 3, "from_unit": "ft", "to_unit": "cm"}, "91.44"),
+    ("convert_units", {"value": 100, "from_unit": "C", "to_unit": "F"}, "212"),
+    ("convert_units", {"value": -40, "from_unit": "F", "to_unit": "C"}, "-40"),
+    ("convert_units", {"value": 1.5, "from_unit": "h", "to_unit": "min"}, "90"),
+    ("convert_units", {"value": 2, "from_unit": "mi", "to_unit": "km"}, "3.218688"),
+    ("days_between", {"start": "2024-02-28", "end": "2024-03-01"}, 2),  # a leap year
+    ("days_between", {"start": "2026-12-03", "end": "2026-01-01"}, -336),
+    ("weekday", {"date": "2000-01-01"}, "Saturday"),
+    ("poem_author", {"title": "《静夜思》"}, "李白"),
+])
+def test_the_other_tools_answer_exactly(name, arguments, want):
+    assert result(name, arguments) == {"result": want}
+    assert result(name, json.dumps(arguments)) == {"result": want}  # arguments as a JSON string
+
+
+def test_schemas_are_openai_functions_and_render_in_minimind3s_template():
+    schemas = tool_schemas()
+    assert [s["function"]["name"] for s in schemas] == list(TOOLS)
+    for s in schemas:
+        assert s["type"] == "function"
+        params = s["function"]["parameters"]
+        assert params["type"] == "object" and params["required"] == list(params["properties"])
+    assert tool_schemas(["weekday"]) == [TOOLS["weekday"].schema()]
+    with pytest.raises(ValueError, match="unknown tool"):
+        tool_schemas(["rm"])
+    text = apply_chat_template([{"role": "user", "content": "3 ft in cm?"}], True, tools=schemas)
+    assert text.count('"name": "') == len(TOOLS) and "<tools>" in text
+
+
+def test_calls_are_read_from_the_models_text():
+    text = ("<think>\nfeet to cm\n</think>\n\nConverting.\n<tool_call>\n"
+            '{"name": "convert_units", "arguments": {"value": 3, "from_unit": "ft", '
+            '"to_unit": "cm"}}\n</tool_call>\n<tool_call>\n{"name": "weekday", '
+            '"arguments": "{\\"date\\": \\"2026-12-03\\"}"}\n</tool_call>')
+    reply = parse_tool_calls(text)
+    assert reply.reasoning == "feet to cm" and reply.content == "Converting."
+    assert reply.calls == [
+        {"name": "convert_units", "arguments": {"value": 3, "from_unit": "ft", "to_unit": "cm"}},
+        {"name": "weekday", "arguments": {"date": "2026-12-03"}}]
+    assert [execute_tool(c["name"], c["arguments"]) for c in reply.calls] == [
+        '{"result": "91.44"}', '{"result": "Thursday"}']
+
+
+@pytest.mark.parametrize("text,error", [
+    ("<tool_call>{oops</tool_call>", "not valid JSON"),
+    ("<tool_call>[1]</tool_call>", 'needs a "name" string'),
+    ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', '"arguments" must be an object'),
+    ('<tool_call>{"name": "f", "arguments": "{x"}</tool_call>', "is a string but not JSON"),
+    ("<tool_call>" + "[" * 3000 + "</tool_call>", "nested too deeply"),
+    ("<tool_call>" + "x" * 5000, "longer than 4000"),  # cut off before </tool_call>
+])
+def test_malformed_calls_are_reported_not_raised(text, error):
+    reply = parse_tool_calls("ok " + text)
+    assert reply.calls == [] and len(reply.errors) == 1 and error in reply.errors[0]
+    assert reply.content == "ok"
+
+
+def test_a_reply_without_calls_is_its_content():
+    reply = parse_tool_calls("Paris is the capital of France.")
+    assert (reply.content, reply.calls, reply.errors) == ("Paris is the capital of France.",
+                                                          [], [])
+    many = parse_tool_calls('<tool_call>{"name": "f"}</tool_call>' * 10)
+    assert len(many.calls) == 8 and "more than 8" in many.errors[0]

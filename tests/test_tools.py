@@ -9,10 +9,13 @@ import builtins
 import json
 
 import pytest
+import torch
 
-from minimind_lib.tokenizer import apply_chat_template
-from minimind_lib.tools import TOOLS, execute_tool, parse_tool_calls, tool_schemas
+from minimind_lib.tokenizer import apply_chat_template, encode_chat, load_tokenizer
+from minimind_lib.tools import TOOLS, execute_tool, parse_tool_calls, run_with_tools, tool_schemas
 from minimind_lib.tools.arithmetic import CalculatorError, calculate
+
+TOK = load_tokenizer()
 
 
 def result(name, arguments):
@@ -157,3 +160,66 @@ def test_a_reply_without_calls_is_its_content():
                                                           [], [])
     many = parse_tool_calls('<tool_call>{"name": "f"}</tool_call>' * 10)
     assert len(many.calls) == 8 and "more than 8" in many.errors[0]
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+
+class Scripted(torch.nn.Module):
+    """A stand-in model that writes the given replies, one per call of ``generate``, and
+    records each prompt it was given."""
+
+    def __init__(self, replies):
+        super().__init__()
+        self.replies, self.prompts = list(replies), []
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config = type("Config", (), {"max_position_embeddings": 4096})()
+
+    def generate(self, input_ids, max_new_tokens, eos_token_id=None, **kwargs):
+        self.prompts.append(TOK.decode(input_ids[0].tolist()))
+        reply = encode_chat(TOK, [{"role": "assistant", "content": self.replies.pop(0)}])
+        start = reply.index(TOK.token_to_id("</think>")) + 3  # after "</think>\n\n"
+        return torch.cat([input_ids, torch.tensor([reply[start:-1]])], dim=1)
+
+
+CALL = ('<tool_call>\n{"name": "calculate", "arguments": {"expression": "256 * 37"}}\n'
+        '</tool_call>')
+
+
+def test_the_loop_runs_the_call_and_feeds_the_result_back():
+    model = Scripted(["Let me compute.\n" + CALL, "256 × 37 = 9472."])
+    run = run_with_tools(model, TOK, [{"role": "user", "content": "256 乘以 37？"}],
+                         tool_schemas(["calculate"]))
+    assert run.answered and run.rounds == 2 and run.answer == "256 × 37 = 9472."
+    assert run.calls == [{"name": "calculate", "arguments": {"expression": "256 * 37"},
+                          "result": '{"result": "9472"}'}]
+    assert [m["role"] for m in run.messages] == ["user", "assistant", "tool", "assistant"]
+    # the second prompt: the tools block, the call as the model wrote it, the result
+    assert "<tools>" in model.prompts[1] and CALL in model.prompts[1]
+    assert '<tool_response>\n{"result": "9472"}\n</tool_response>' in model.prompts[1]
+
+
+def test_the_loop_reports_bad_calls_and_stops_after_max_rounds():
+    hostile = CALL.replace("256 * 37", "__import__('os').system('ls')")
+    model = Scripted([hostile, "<tool_call>{oops</tool_call>", hostile])
+    run = run_with_tools(model, TOK, [{"role": "user", "content": "hi"}], max_rounds=3)
+    assert not run.answered and run.rounds == 3 and len(run.calls) == 2
+    assert all("found a call" in c["result"] for c in run.calls)  # never run
+    assert run.errors == ["tool call 1 is not valid JSON (Expecting property name enclosed "
+                          "in double quotes)"]
+    assert "not valid JSON" in json.loads(run.messages[4]["content"])["error"]
+    with pytest.raises(ValueError, match="max_rounds must be at least 1"):
+        run_with_tools(model, TOK, [{"role": "user", "content": "hi"}], max_rounds=0)
+
+
+def test_the_loop_runs_a_real_model_to_the_end():
+    from tiny import tiny_model
+
+    model = tiny_model(max_position_embeddings=512).train()
+    run = run_with_tools(model, TOK, [{"role": "user", "content": "3 ft in cm?"}],
+                         tool_schemas(["convert_units"]), max_rounds=2, max_new_tokens=8)
+    assert 1 <= run.rounds <= 2 and run.messages[1]["role"] == "assistant"
+    assert model.training  # the loop leaves the model's mode as it found it
+    short = tiny_model(max_position_embeddings=64)
+    assert "leaves no room" in run_with_tools(short, TOK, [{"role": "user", "content": "x"}],
+                                              max_new_tokens=8).errors[0]

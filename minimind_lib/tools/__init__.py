@@ -8,7 +8,9 @@ read back from the text it writes.
 * ``measures``: unit conversion and date arithmetic; ``lookup``: a poem's author from the
   bundled poems;
 * ``calls``: ``parse_tool_calls``, the ``<tool_call>`` blocks of a reply (malformed ones are
-  reported, not raised).
+  reported, not raised);
+* ``loop``: ``run_with_tools(model, tokenizer, messages, tools, max_rounds)``, generate, read
+  the calls, run them, continue (a ``ToolRun`` transcript).
 
 A layer of its own, between ``data`` and ``evaluation``: evaluation scores calls and the
 trainers roll them out, so both import it (``docs/architecture.md``).
@@ -21,6 +23,8 @@ trainers roll them out, so both import it (``docs/architecture.md``).
 """
 
 from minimind_lib.tools.calls import ParsedReply, parse_tool_calls
+from minimind_lib.tools.loop import ToolRun, run_with_tools
 from minimind_lib.tools.registry import TOOLS, execute_tool, tool_schemas
 
-__all__ = ["TOOLS", "ParsedReply", "execute_tool", "parse_tool_calls", "tool_schemas"]
+__all__ = ["TOOLS", "ParsedReply", "ToolRun", "execute_tool", "parse_tool_calls",
+           "run_with_tools", "tool_schemas"]

@@ -25,6 +25,7 @@ ROLES = {
     "tokenizer": "byte-level BPE, special tokens, chat template",
     "model": "config, RoPE, attention, MoE, decoder, checkpoints, int8, HF bridge",
     "data": "jsonl readers, pretraining stream, SFT examples, task families",
+    "tools": "tool schemas, the safe executor, reading calls, the tool loop",
     "evaluation": "held-out questions, perplexity, preferences, precision table",
     "training": "the one engine (loop) + its plug-ins: SFT, DPO, GRPO, LoRA",
     "vision": "scenes, tiny CLIP, VLM, VQA",
@@ -32,7 +33,8 @@ ROLES = {
     "course": "profiles, the stage registry, ensure, plan, report",
     "__main__": "the CLI: python -m minimind_lib <command>",
 }
-COLORS = {"core": NOTE, "tokenizer": DATA, "model": PARAM, "data": DATA, "evaluation": OP,
+COLORS = {"core": NOTE, "tokenizer": DATA, "model": PARAM, "data": DATA, "tools": MASK,
+          "evaluation": OP,
           "training": OP, "vision": PARAM, "inference": DATA, "course": MASK, "__main__": NOTE}
 
 

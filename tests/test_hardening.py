@@ -1003,3 +1003,22 @@ def test_an_int_temperature_is_still_a_number(server):
     r = httpx.post(server.url + CHAT, json={"messages": user("hi"), "temperature": 0,
                                             "max_tokens": 2}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+def test_a_start_model_with_another_tokenizer_is_refused_by_name(tmp_path):
+    """A model folder trained with other token ids (a reference from before the course
+    tokenizer reserved MiniMind-3's markers) would be fed tokens it never learned."""
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.course.stages import StageContext
+    from minimind_lib.tokenizer import load_tokenizer, train_bpe
+
+    (tmp_path / "tokenizer").mkdir()
+    load_tokenizer().save(tmp_path / "tokenizer" / "tokenizer.json")
+    old = tmp_path / "old_model"
+    train_bpe(["some other text"], 300, show_progress=False).save(old / "tokenizer.json")
+    ctx = StageContext("dpo", get_profile("smoke"), tmp_path, init=old)
+    with pytest.raises(ValueError, match="old_model: its model was trained with another "
+                                         "tokenizer than this run's"):
+        ctx.start_dir()
+    load_tokenizer().save(old / "tokenizer.json")
+    assert ctx.start_dir() == old

@@ -135,11 +135,24 @@ class StageContext:
         """The model this stage starts from: ``--init`` when given, else the output of the stage
         it ``starts_from`` (sft: pretrain, dpo: sft, ...)."""
         if self.init is not None:
-            return self.init
+            return self._same_tokenizer(self.init)
         default = get_stage(self.stage).starts_from
         if default is None:
             raise ValueError(f"stage {self.stage!r} does not start from a model")
-        return self.dir(default)
+        return self._same_tokenizer(self.dir(default))
+
+    def _same_tokenizer(self, folder: Path) -> Path:
+        """``folder``, once its model's tokenizer (when it ships one) is the run's: other ids
+        would feed the model tokens it never learned."""
+        theirs, ours = folder / TOKENIZER_FILE, self.dir("tokenizer") / TOKENIZER_FILE
+        if theirs.is_file() and ours.is_file():
+            a, b = BPETokenizer.from_file(theirs), BPETokenizer.from_file(ours)
+            if a.vocab != b.vocab or a.merges != b.merges:
+                raise ValueError(f"{folder}: its model was trained with another tokenizer than "
+                                 f"this run's ({ours}); retrain it with this tokenizer (for the "
+                                 "shipped reference: make reference) or start from this run's "
+                                 "own stages")
+        return folder
 
     @property
     def out_dir(self) -> Path:

@@ -202,10 +202,10 @@ def test_sft_mask_supervises_replies_and_never_a_tool_response():
             assert ids[:len(prompt)] == prompt, k
     supervised = "".join(TOK.decode([i]) for i, label in zip(ids, labels, strict=True)
                          if label != IGNORE_INDEX)
-    want = ("\n\n" + "<tool_call>\n" + '{"name": "get_weather", "arguments": '
+    want = ("<tool_call>\n" + '{"name": "get_weather", "arguments": '
             '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "北京"}}\n</tool_call><|im_end|>'
-            + "\n\nParis is sunny; 北京 is cloudy.<|im_end|>"
+            + "Paris is sunny; 北京 is cloudy.<|im_end|>"
             + "<think>\nthink\n</think>\n\nok<|im_end|>")
     assert supervised == want
     for k, (i, label) in enumerate(zip(ids, labels, strict=True)):  # its own input, or -100

@@ -100,7 +100,7 @@ def test_answer_logprobs_counts_only_supervised_tokens():
         answer_logprobs(logits, torch.tensor([[-100, 1, 2, 3, 4, 5], [-100] * 6]))
 
 
-THINK_BLOCK = "<think>\n\n</think>"  # opens every reply in the course's format: context
+THINK_BLOCK = "<think>\n\n</think>\n\n"  # opens every reply in the course's format: context
 
 
 # --- the data ------------------------------------------------------------------------------
@@ -112,10 +112,9 @@ def test_dataset_masks_exclude_the_prompt():
     for side, answer in (("chosen", "7"), ("rejected", "33")):
         ids, labels = item[f"{side}_input_ids"], item[f"{side}_labels"]
         supervised = labels != IGNORE_INDEX
-        # supervised ids are exactly the reply after MiniMind-3's empty think block (the
-        # "\n\n" closing it, the answer, its <|im_end|>), at the end; the "\n\n" is the same in
-        # both, so it cancels in the DPO margin
-        assert TOK.decode(ids[supervised].tolist()) == "\n\n" + answer + "<|im_end|>"
+        # supervised ids are exactly the answer content and its <|im_end|>, at the end (the
+        # empty think block before them is context, as in the generation prompt)
+        assert TOK.decode(ids[supervised].tolist()) == answer + "<|im_end|>"
         assert torch.equal(labels[supervised], ids[supervised])
         first = int(supervised.nonzero()[0, 0])
         assert not supervised[:first].any() and supervised[first:].sum() == len(ids[first:]) - 1

@@ -34,13 +34,18 @@ THINK, THINK_END = TOK.token_to_id("<think>"), TOK.token_to_id("</think>")
 
 def expected_runs(messages, template="minimind-3"):
     """The contract: each assistant turn supervises its content's tokens + <|im_end|>; under
-    MiniMind-3's template after the empty think block (context, as in the generation prompt),
-    from the "\\n\\n" that follows it."""
+    MiniMind-3's template the empty think block and the "\\n\\n" after it are context, as in the
+    thinking-off generation prompt."""
     def encode(text):
         return TOK.encode(text, allowed_special=set())
 
-    return [(encode("\n\n" + m["content"].lstrip("\n")) if template == "minimind-3"
-             else encode(m["content"])) + [IM_END] for m in messages if m["role"] == "assistant"]
+    def reply(content):  # MiniMind-3's: what follows the empty block's "\n\n", as the prompt's
+        if template == "minimind2":
+            return encode(content)
+        whole, lead = encode("\n\n" + content.lstrip("\n")), encode("\n\n")
+        return whole[len(lead):] if whole[:len(lead)] == lead else whole
+
+    return [reply(m["content"]) + [IM_END] for m in messages if m["role"] == "assistant"]
 
 
 def check_contract(messages, max_length=10_000, template="minimind-3"):
@@ -58,8 +63,7 @@ REPLY = {"role": "assistant", "content": "7"}
 def test_single_turn_supervises_the_reply_and_its_end_only(template):
     ids, labels = check_contract([USER, REPLY], template=template)
     assert supervised_runs(labels) == expected_runs([USER, REPLY], template)
-    think = "\n\n" if template == "minimind-3" else ""  # the empty think block is context
-    assert TOK.decode([t for t in labels if t != IGNORE_INDEX]) == think + "7<|im_end|>"
+    assert TOK.decode([t for t in labels if t != IGNORE_INDEX]) == "7<|im_end|>"
     # the ids are the rendered chat (MiniMind2's default system message included)
     assert TOK.decode(ids) == apply_chat_template([USER, REPLY], template=template)
     assert ids == encode_chat(TOK, [USER, REPLY], template=template)

@@ -20,7 +20,7 @@ from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import TemplateMismatch, chat_parts, marker_id, template_of
 from minimind_lib.tokenizer.chat3 import minimind3_pieces
-from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
+from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START, THINK_END
 
 # --- SFT: ChatML conversations with answer-only labels (notebook 05) ---------------------
 
@@ -70,14 +70,32 @@ def sft_segments(messages: Sequence[dict],
 def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]],
               encoded: Iterator[list[int]], seq_len: int,
               template: str = "minimind-3") -> tuple[list[int], list[int]]:
-    """Join segment ids (``encoded`` holds the non-special ones, in order) and their labels."""
+    """Join segment ids (``encoded`` holds the non-special ones, in order) and their labels.
+
+    The ``"\n\n"`` closing an empty think block (a reply's text starts with it) is context
+    too: with the block, it ends the thinking-off generation prompt, so a reply's targets are
+    exactly what the model writes after that prompt.
+    """
     ids: list[int] = []
     labels: list[int] = []
+    after_empty_think = False
     for text, special, supervised in segments:
         piece = [marker_id(tokenizer, text, template)] if special else next(encoded)
         ids += piece
-        labels += piece if supervised else [IGNORE_INDEX] * len(piece)
+        if not supervised:
+            labels += [IGNORE_INDEX] * len(piece)
+        elif after_empty_think and text.startswith(PROMPT_END):
+            lead = len(tokenizer.encode(PROMPT_END))
+            lead = lead if piece[:lead] == tokenizer.encode(PROMPT_END) else 0
+            labels += [IGNORE_INDEX] * lead + piece[lead:]
+        else:
+            labels += piece
+        after_empty_think = special and text == THINK_END and not supervised
     return ids[:seq_len], labels[:seq_len]
+
+
+#: what the thinking-off generation prompt holds after its empty block's ``</think>``
+PROMPT_END = "\n\n"
 
 
 def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
@@ -95,7 +113,7 @@ def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
     >>> ids, labels = sft_example(tokenizer, [{"role": "user", "content": "Hi"},
     ...                                 {"role": "assistant", "content": "Hello!"}], 64)
     >>> tokenizer.decode([t for t in labels if t != IGNORE_INDEX])
-    '\\n\\nHello!<|im_end|>'
+    'Hello!<|im_end|>'
     >>> sum(t != IGNORE_INDEX for t in sft_example(tokenizer, [{"role": "user", "content": "Hi"},
     ...                                          {"role": "assistant", "content": "Hello!"}], 8)[1])
     0
@@ -128,8 +146,8 @@ class SFTDataset(Dataset):
     >>> batch = ds.collate([ds[0], ds[1]])
     >>> len(ds), ds.skipped, batch["input_ids"].shape == batch["labels"].shape
     (2, 0, True)
-    >>> ds.lengths.tolist(), ds.num_targets   # per chat: "\\n\\n" (2), "Hello!" (4), <|im_end|>
-    ([25, 25], 14)
+    >>> ds.lengths.tolist(), ds.num_targets   # per chat: "Hello!" (4 tokens) + <|im_end|>
+    ([25, 25], 10)
     """
 
     def __init__(self, records: Iterable[dict], tokenizer: BPETokenizer, seq_len: int, *,

@@ -174,7 +174,7 @@ def complete(model: nn.Module, tokenizer: BPETokenizer, prompt_ids: Sequence[int
 
 
 class ChatSession:
-    """A conversation with the model in MiniMind's ChatML.
+    """A conversation with the model in its tokenizer's chat format (``template_of``).
 
     ``send(text)`` adds the user turn and returns a ``TextStream`` of the answer; once the
     stream is exhausted the turn and its answer join the history.  When the history no longer

@@ -34,7 +34,7 @@ held-out questions, and evaluates the model before and after
 3 + 5 = 8<|im_end|>
 <BLANKLINE>
 >>> tokenizer.decode([t for t in labels if t != IGNORE_INDEX])   # the only targets
-'\\n\\n3 + 5 = 8<|im_end|>'
+'3 + 5 = 8<|im_end|>'
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ class ReplayMix(Dataset):
     >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     >>> sft = SFTDataset([{"conversations": chat}] * 20, load_tokenizer(), 64, progress=False)
     >>> mix = ReplayMix(sft, PretrainDataset(p, seq_len=9), share=0.5, seed=0)
-    >>> sft.num_targets, mix.windows, len(mix)   # 140 reply tokens, 14 windows of 10 tokens
-    (140, 14, 34)
+    >>> sft.num_targets, mix.windows, len(mix)   # 100 answer tokens, 10 windows of 10 tokens
+    (100, 10, 30)
     >>> mix[25]["labels"].tolist() == mix[25]["input_ids"].tolist()
     True
     """

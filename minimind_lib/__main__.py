@@ -159,16 +159,34 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--tools", action="store_true",
+                        help="offer the course's tools (calculator, units, dates, poem authors)")
+    parser.add_argument("--think", action="store_true", help="thinking on (MiniMind-3's format)")
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from minimind_lib.inference.chat import ChatSession, SamplingError, SamplingParams, chat_loop
+    from minimind_lib.inference.chat import (
+        ChatSession,
+        SamplingError,
+        SamplingParams,
+        chat_loop,
+        tool_chat_loop,
+    )
+    from minimind_lib.tokenizer.chat import template_of
 
     try:
         params = SamplingParams(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     except SamplingError as e:
         raise ValueError(f"--{e.field.replace('_', '-')}: {e}") from None
     model, tokenizer = load_chosen_model(args)
+    if args.tools or args.think:
+        if template_of(tokenizer) != "minimind-3":
+            raise ValueError("--tools and --think need a model in MiniMind-3's chat format (its "
+                             "tokenizer reserves <tool_call> and <think>); this one speaks "
+                             "MiniMind2's")
+        tool_chat_loop(model, tokenizer, tools=args.tools, think=args.think, system=args.system,
+                       max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+        return 0
     chat_loop(ChatSession(model, tokenizer, args.system, params))
     return 0
 

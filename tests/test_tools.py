@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from minimind_lib.tokenizer import apply_chat_template, encode_chat, load_tokenizer
+from minimind_lib.tokenizer import apply_chat_template, load_tokenizer
 from minimind_lib.tools import TOOLS, execute_tool, parse_tool_calls, run_with_tools, tool_schemas
 from minimind_lib.tools.arithmetic import CalculatorError, calculate
 
@@ -177,9 +177,8 @@ class Scripted(torch.nn.Module):
 
     def generate(self, input_ids, max_new_tokens, eos_token_id=None, **kwargs):
         self.prompts.append(TOK.decode(input_ids[0].tolist()))
-        reply = encode_chat(TOK, [{"role": "assistant", "content": self.replies.pop(0)}])
-        start = reply.index(TOK.token_to_id("</think>")) + 3  # after "</think>\n\n"
-        return torch.cat([input_ids, torch.tensor([reply[start:-1]])], dim=1)
+        reply = TOK.encode(self.replies.pop(0)) + [TOK.token_to_id("<|im_end|>")]  # markers
+        return torch.cat([input_ids, torch.tensor([reply])], dim=1)             # as special ids
 
 
 CALL = ('<tool_call>\n{"name": "calculate", "arguments": {"expression": "256 * 37"}}\n'
@@ -223,3 +222,20 @@ def test_the_loop_runs_a_real_model_to_the_end():
     short = tiny_model(max_position_embeddings=64)
     assert "leaves no room" in run_with_tools(short, TOK, [{"role": "user", "content": "x"}],
                                               max_new_tokens=8).errors[0]
+
+
+def test_the_terminal_chat_shows_calls_results_and_the_answer():
+    import io
+
+    from minimind_lib.inference.chat import tool_chat_loop
+
+    model = Scripted(["use the calculator\n</think>\n\n" + CALL, "9472.", "hi!"])  # after <think>
+    lines, out = iter(["256 * 37?", "", "/reset", "hello", "/exit"]), io.StringIO()
+    tool_chat_loop(model, TOK, think=True, read=lambda _: next(lines), out=out)
+    text = out.getvalue()
+    assert '  (thinking) use the calculator\n  call: calculate({"expression": "256 * 37"})\n' \
+           '  result: {"result": "9472"}\nminimind> 9472.\n' in text
+    assert "(not sent: the message is empty)" in text and "(conversation cleared)" in text
+    assert text.rstrip().endswith("minimind> hi!")
+    assert "<tool_response>" not in model.prompts[2]  # /reset forgot the first exchange
+    assert model.prompts[0].endswith("<|im_start|>assistant\n<think>\n")  # thinking on

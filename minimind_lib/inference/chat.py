@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from minimind_lib.model.sampling import sampling_problem
 from minimind_lib.tokenizer.bpe import BPETokenizer, text_problem
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
+from minimind_lib.tools import run_with_tools, tool_schemas
 
 STOP_TOKENS = (IM_END, END_OF_TEXT)  # a chat reply ends at either
 #: Seeds go to a ``torch.Generator``; the CPU one (a 32-bit Mersenne Twister) keeps only the low
@@ -262,3 +264,51 @@ def chat_loop(session: ChatSession, read: Callable[[str], str] = input,
             except KeyboardInterrupt:
                 out.write(" (interrupted)")
             out.write("\n")
+
+
+def tool_chat_loop(model: nn.Module, tokenizer: BPETokenizer, *, tools: bool = True,
+                   think: bool = False, system: str | None = None, max_new_tokens: int = 256,
+                   temperature: float = 0.0, read: Callable[[str], str] = input,
+                   out: TextIO = sys.stdout) -> None:
+    """``python -m minimind_lib chat --tools`` / ``--think``: each message is answered by
+    ``tools.run_with_tools`` (the course's tools, run by the safe executor; none without
+    ``tools``), with thinking on when ``think``; the reasoning, each call and its result are
+    shown before the answer. ``/reset`` and ``/exit`` as in ``chat_loop``."""
+    schemas = tool_schemas() if tools else []
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    out.write(f"Chat with MiniMind ({'tools' if tools else 'no tools'}, thinking "
+              f"{'on' if think else 'off'}). /reset starts over, /exit quits.\n")
+    while True:
+        try:
+            text = read("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
+            return
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            messages = list(start)
+            out.write("(conversation cleared)\n")
+            continue
+        problem = text_problem(text) if text else "is empty"
+        if problem:
+            out.write(f"(not sent: the message {problem})\n")
+            continue
+        run = run_with_tools(model, tokenizer, [*messages, {"role": "user", "content": text}],
+                             schemas, open_thinking=think, max_new_tokens=max_new_tokens,
+                             temperature=temperature)
+        for message in run.messages[len(messages) + 1:]:
+            if message["role"] == "tool":
+                out.write(f"  result: {message['content']}\n")
+                continue
+            if message.get("reasoning_content"):
+                out.write(f"  (thinking) {message['reasoning_content']}\n")
+            for call in message.get("tool_calls", ()):
+                arguments = json.dumps(call["arguments"], ensure_ascii=False)
+                out.write(f"  call: {call['name']}({arguments})\n")
+            if message["content"]:
+                out.write(f"minimind> {message['content']}\n")
+        for error in run.errors:
+            out.write(f"  ({error})\n")
+        messages = run.messages

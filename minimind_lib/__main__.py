@@ -182,7 +182,7 @@ def run_chat(args: argparse.Namespace) -> int:
     if args.tools or args.think:
         if template_of(tokenizer) != "minimind-3":
             raise ValueError("--tools and --think need a model in MiniMind-3's chat format (its "
-                             "tokenizer reserves <tool_call> and <think>); this one speaks "
+                             "tokenizer reserves the tool and thinking markers); this one speaks "
                              "MiniMind2's")
         tool_chat_loop(model, tokenizer, tools=args.tools, think=args.think, system=args.system,
                        max_new_tokens=args.max_new_tokens, temperature=args.temperature)

@@ -36,7 +36,8 @@ from minimind_lib.model.sampling import sampling_problem
 from minimind_lib.tokenizer.bpe import BPETokenizer, text_problem
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
-from minimind_lib.tools import run_with_tools, tool_schemas
+from minimind_lib.tools.loop import run_with_tools
+from minimind_lib.tools.registry import tool_schemas
 
 STOP_TOKENS = (IM_END, END_OF_TEXT)  # a chat reply ends at either
 #: Seeds go to a ``torch.Generator``; the CPU one (a 32-bit Mersenne Twister) keeps only the low

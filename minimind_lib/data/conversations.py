@@ -74,7 +74,8 @@ def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]
 
     The ``"\n\n"`` closing an empty think block (a reply's text starts with it) is context
     too: with the block, it ends the thinking-off generation prompt, so a reply's targets are
-    exactly what the model writes after that prompt.
+    exactly what the model writes after that prompt (measured, cpu profile: supervising these
+    two easy tokens per reply took SFT's skill exact match from 32.2% to 25.5%).
     """
     ids: list[int] = []
     labels: list[int] = []

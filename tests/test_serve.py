@@ -242,6 +242,10 @@ def test_generate_endpoint(server, model, tok):
     ("/v1/chat/completions", {"messages": user("hi"), "top_p": 1.5}, "top_p", "in (0, 1]"),
     ("/v1/chat/completions", {"messages": user("hi"), "n": 2}, "n", "less than or equal to 1"),
     ("/v1/chat/completions", {"messages": user("hi"), "stop": ["\n"]}, "stop", "not supported"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {}}}]}, "tools", "tool calling is not served yet"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tool_choice": "none"}, "tool_choice",
+     "not served yet"),
     ("/v1/chat/completions", {"prompt": "hi"}, "messages", "Field required"),
     ("/generate", {"prompt": "hi", "max_new_tokens": 500}, "max_new_tokens", "context"),
     ("/generate", {"prompt": "hi", "temprature": 0.5}, "temprature", "Extra inputs"),

@@ -458,6 +458,11 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
     if req.stop is not None:
         raise BadRequest(f"stop sequences are not supported; the model stops at {IM_END}",
                          "stop")
+    for name in ("tools", "tool_choice", "functions", "function_call"):
+        if getattr(req, name) is not None:
+            raise BadRequest(f"{name}: tool calling is not served yet (the terminal has it: "
+                             "python -m minimind_lib chat --tools); send the request without "
+                             "it", name)
     messages = [m.as_dict() for m in req.messages]
     server.check_size([m["content"] for m in messages], "messages")
     given = req.max_completion_tokens is not None

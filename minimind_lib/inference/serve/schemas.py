@@ -95,6 +95,11 @@ class ChatRequest(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
+    # read only to be refused by name (tool calling is not served yet), not ignored in silence
+    tools: list | None = None
+    tool_choice: object = None
+    functions: list | None = None
+    function_call: object = None
 
 
 class GenerateRequest(Strict):

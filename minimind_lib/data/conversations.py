@@ -79,15 +79,15 @@ def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]
     """
     ids: list[int] = []
     labels: list[int] = []
-    after_empty_think = False
+    after_empty_think, prompt_end = False, None
     for text, special, supervised in segments:
         piece = [marker_id(tokenizer, text, template)] if special else next(encoded)
         ids += piece
         if not supervised:
             labels += [IGNORE_INDEX] * len(piece)
         elif after_empty_think and text.startswith(PROMPT_END):
-            lead = len(tokenizer.encode(PROMPT_END))
-            lead = lead if piece[:lead] == tokenizer.encode(PROMPT_END) else 0
+            prompt_end = prompt_end or tokenizer.encode(PROMPT_END)  # once per conversation
+            lead = len(prompt_end) if piece[:len(prompt_end)] == prompt_end else 0
             labels += [IGNORE_INDEX] * lead + piece[lead:]
         else:
             labels += piece

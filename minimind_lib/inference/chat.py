@@ -233,13 +233,10 @@ class ChatSession:
             messages = messages[:first] + messages[first + 1:]  # the oldest turn goes first
 
 
-def chat_loop(session: ChatSession, read: Callable[[str], str] = input,
-              out: TextIO = sys.stdout) -> None:
-    """The interactive chat of ``python -m minimind_lib chat``: answers stream to ``out`` as
-    they are generated; ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits.
-    A message that cannot be sent is reported and the conversation goes on; Ctrl-C during an
-    answer stops that answer (the turn is forgotten)."""
-    out.write("Chat with MiniMind. /reset starts over, /exit quits.\n")
+def _command_loop(read: Callable[[str], str], out: TextIO, reset: Callable[[], None],
+                  answer: Callable[[str], None]) -> None:
+    """The terminal chat's input loop: ``/exit`` (or Ctrl-D) quits, ``/reset`` calls ``reset``,
+    any other line (stripped) goes to ``answer``."""
     while True:
         try:
             text = read("you> ").strip()
@@ -249,22 +246,37 @@ def chat_loop(session: ChatSession, read: Callable[[str], str] = input,
         if text in ("/exit", "/quit"):
             return
         if text == "/reset":
-            session.reset()
+            reset()
             out.write("(conversation cleared)\n")
-        elif text:
-            try:
-                answer = session.send(text)
-            except ValueError as e:
-                out.write(f"(not sent: {e})\n")
-                continue
-            out.write("minimind> ")
-            try:
-                for piece in answer:
-                    out.write(piece)
-                    out.flush()
-            except KeyboardInterrupt:
-                out.write(" (interrupted)")
-            out.write("\n")
+        else:
+            answer(text)
+
+
+def chat_loop(session: ChatSession, read: Callable[[str], str] = input,
+              out: TextIO = sys.stdout) -> None:
+    """The interactive chat of ``python -m minimind_lib chat``: answers stream to ``out`` as
+    they are generated; ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits.
+    A message that cannot be sent is reported and the conversation goes on; Ctrl-C during an
+    answer stops that answer (the turn is forgotten)."""
+    def answer(text: str) -> None:
+        if not text:
+            return
+        try:
+            stream = session.send(text)
+        except ValueError as e:
+            out.write(f"(not sent: {e})\n")
+            return
+        out.write("minimind> ")
+        try:
+            for piece in stream:
+                out.write(piece)
+                out.flush()
+        except KeyboardInterrupt:
+            out.write(" (interrupted)")
+        out.write("\n")
+
+    out.write("Chat with MiniMind. /reset starts over, /exit quits.\n")
+    _command_loop(read, out, session.reset, answer)
 
 
 def tool_chat_loop(model: nn.Module, tokenizer: BPETokenizer, *, tools: bool = True,
@@ -278,24 +290,15 @@ def tool_chat_loop(model: nn.Module, tokenizer: BPETokenizer, *, tools: bool = T
     schemas = tool_schemas() if tools else []
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
-    out.write(f"Chat with MiniMind ({'tools' if tools else 'no tools'}, thinking "
-              f"{'on' if think else 'off'}). /reset starts over, /exit quits.\n")
-    while True:
-        try:
-            text = read("you> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            out.write("\n")
-            return
-        if text in ("/exit", "/quit"):
-            return
-        if text == "/reset":
-            messages = list(start)
-            out.write("(conversation cleared)\n")
-            continue
+
+    def reset() -> None:
+        messages[:] = start
+
+    def answer(text: str) -> None:
         problem = text_problem(text) if text else "is empty"
         if problem:
             out.write(f"(not sent: the message {problem})\n")
-            continue
+            return
         run = run_with_tools(model, tokenizer, [*messages, {"role": "user", "content": text}],
                              schemas, open_thinking=think, max_new_tokens=max_new_tokens,
                              temperature=temperature)
@@ -312,4 +315,8 @@ def tool_chat_loop(model: nn.Module, tokenizer: BPETokenizer, *, tools: bool = T
                 out.write(f"minimind> {message['content']}\n")
         for error in run.errors:
             out.write(f"  ({error})\n")
-        messages = run.messages
+        messages[:] = run.messages
+
+    out.write(f"Chat with MiniMind ({'tools' if tools else 'no tools'}, thinking "
+              f"{'on' if think else 'off'}). /reset starts over, /exit quits.\n")
+    _command_loop(read, out, reset, answer)

@@ -53,7 +53,7 @@ from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.model.hf import save_pretrained
 from minimind_lib.tokenizer.bpe import AddedToken, BPETokenizer
-from minimind_lib.tokenizer.chat import jinja_template, template_of
+from minimind_lib.tokenizer.chat3 import jinja_template_of
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 
 FORMATS = ("gguf", "hf")
@@ -195,7 +195,7 @@ def _add_tokenizer(writer, tokenizer: BPETokenizer, vocab_size: int) -> None:
     writer.add_pad_token_id(tokenizer.token_to_id(END_OF_TEXT))
     writer.add_add_bos_token(False)  # MiniMind's prompts start with <|im_start|>system itself
     writer.add_add_eos_token(False)
-    writer.add_chat_template(jinja_template(template_of(tokenizer)))
+    writer.add_chat_template(jinja_template_of(tokenizer))
 
 
 def write_gguf(model: MiniMindForCausalLM, tokenizer: BPETokenizer, path: str | os.PathLike,

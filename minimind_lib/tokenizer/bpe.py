@@ -25,8 +25,8 @@ import regex
 from minimind_lib import DATA_DIR
 from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import TOKENIZER_FILE, TOKENIZER_FILES
-from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE, reserves_markers
-from minimind_lib.tokenizer.special import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
+from minimind_lib.tokenizer.chat3 import jinja_template_of
+from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, IM_START
 
 #: The course tokenizer: ``train_bpe(<texts of COURSE_CORPUS>, COURSE_VOCAB_SIZE)``,
 #: rebuilt by ``python scripts/train_tokenizer.py``.
@@ -593,8 +593,7 @@ def _transformers_config(tokenizer: BPETokenizer) -> dict[str, dict]:
         "additional_special_tokens": [], **specials,
         "clean_up_tokenization_spaces": False, "legacy": True, "model_max_length": 32768,
         "spaces_between_special_tokens": False, "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": (MINIMIND3_CHAT_TEMPLATE if reserves_markers(tokenizer)
-                          else CHAT_TEMPLATE),
+        "chat_template": jinja_template_of(tokenizer),
     }
     return {"tokenizer_config.json": config,
             "special_tokens_map.json": {k: tag(v) for k, v in specials.items()}}

@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE, minimind3_pieces, reserves_markers
+from minimind_lib.tokenizer.chat3 import minimind3_pieces, reserves_markers
 from minimind_lib.tokenizer.special import (
-    CHAT_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
     IM_END,
     IM_START,
@@ -117,19 +116,6 @@ def template_of(tokenizer: BPETokenizer) -> str:
     ('minimind-3', 'minimind2')
     """
     return "minimind-3" if reserves_markers(tokenizer) else "minimind2"
-
-
-def jinja_template(template: str) -> str:
-    """The Jinja chat template an exported tokenizer_config.json or GGUF carries for
-    ``template``, so ``transformers`` and llama.cpp render as ``apply_chat_template`` does.
-
-    >>> jinja_template("minimind-3")[:40]
-    '{%- macro turn(role, text) -%}{{- "<|im_'
-    """
-    if template not in CHAT_TEMPLATES:
-        raise ValueError(f"unknown chat template {template!r}; choose one of "
-                         f"{', '.join(CHAT_TEMPLATES)}")
-    return MINIMIND3_CHAT_TEMPLATE if template == "minimind-3" else CHAT_TEMPLATE
 
 
 def encode_chat(tokenizer: BPETokenizer, messages: Sequence[dict],

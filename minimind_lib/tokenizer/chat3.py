@@ -26,6 +26,7 @@ import json
 from collections.abc import Sequence
 
 from minimind_lib.tokenizer.special import (
+    CHAT_TEMPLATE,
     IM_END,
     IM_START,
     THINK,
@@ -157,6 +158,13 @@ def reserves_markers(tokenizer: object) -> bool:
     """Whether a tokenizer reserves MiniMind-3's ``<think>`` and ``<tool_call>`` (so its model
     speaks MiniMind-3's format: ``chat.template_of``)."""
     return tokenizer.reserves(THINK) and tokenizer.reserves(TOOL_CALL)
+
+
+def jinja_template_of(tokenizer: object) -> str:
+    """The Jinja chat template an exported tokenizer_config.json or GGUF carries for the format
+    ``tokenizer``'s model speaks (``MINIMIND3_CHAT_TEMPLATE`` or MiniMind2's ``CHAT_TEMPLATE``),
+    so ``transformers`` and llama.cpp render as ``apply_chat_template`` does."""
+    return MINIMIND3_CHAT_TEMPLATE if reserves_markers(tokenizer) else CHAT_TEMPLATE
 
 
 def _tojson(value: object) -> str:

@@ -292,5 +292,33 @@ def render(info: dict) -> str:
     return "\n".join(lines)
 
 
+#: data/README.md's section on the tool-use data, written by scripts/build_tool_data.py and
+#: kept when this script rewrites the rest
+TOOLS_BEGIN = "<!-- tool-use data: written by scripts/build_tool_data.py -->"
+TOOLS_END = "<!-- end of the tool-use data -->"
+
+
+def tools_section(text: str) -> str:
+    """The tool-use section of a README's ``text`` ('' when it has none).
+
+    >>> tools_section("a\n" + TOOLS_BEGIN + "\nb\n" + TOOLS_END + "\nc") == (
+    ...     TOOLS_BEGIN + "\nb\n" + TOOLS_END + "\n")
+    True
+    """
+    if TOOLS_BEGIN not in text or TOOLS_END not in text:
+        return ""
+    return text[text.index(TOOLS_BEGIN):text.index(TOOLS_END) + len(TOOLS_END)] + "\n"
+
+
+def replace_tools_section(path: Path, section: str) -> None:
+    """Write ``section`` (its body) as the README's tool-use section, in place of the old."""
+    text = path.read_text(encoding="utf-8")
+    old = tools_section(text)
+    new = f"{TOOLS_BEGIN}\n{section.strip()}\n{TOOLS_END}\n"
+    text = text.replace(old, new) if old else text.rstrip("\n") + "\n\n" + new
+    path.write_text(text, encoding="utf-8")
+
+
 def write(path: Path, info: dict) -> None:
-    path.write_text(render(info), encoding="utf-8")
+    kept = tools_section(path.read_text(encoding="utf-8")) if path.is_file() else ""
+    path.write_text(render(info) + ("\n" + kept if kept else ""), encoding="utf-8")

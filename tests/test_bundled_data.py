@@ -20,7 +20,11 @@ import pytest
 from minimind_lib import DATA_DIR, REPO_ROOT
 from minimind_lib.data import read_jsonl
 
-BUDGET_BYTES = 9_000_000  # all committed data except data/tokenizer/
+# all committed data except data/tokenizer/: the task samples (~8.8 MB) and the tool-use
+# conversations (~2.5 MB: each carries its tools' JSON schemas, as MiniMind's data does)
+BUDGET_BYTES = 12_000_000
+#: scripts/build_tool_data.py's files (tests/test_tool_data.py checks them)
+TOOL_FILES = {"sft_tools.jsonl", "tools_eval.jsonl"}
 TRAIN = {"sft": ["sft_sample.jsonl", "sft_sample_cc_by_sa.jsonl"],
          "dpo": ["dpo_sample.jsonl", "dpo_sample_cc_by_sa.jsonl"]}
 EVAL = {"sft": ["eval/sft_eval.jsonl", "eval/sft_eval_cc_by_sa.jsonl"],
@@ -39,6 +43,8 @@ def bundled_files() -> list[Path]:
 
 
 def schema_of(path: Path) -> str:
+    if path.name in TOOL_FILES:
+        return "sft"
     return next(s for s in ("pretrain", "sft", "dpo") if path.name.startswith(s))
 
 
@@ -167,6 +173,9 @@ def test_every_bundled_file_parses(path: Path) -> None:
     rows = list(read_jsonl(path, schema_of(path)))
     assert rows
     if schema_of(path) == "pretrain":
+        return
+    if path.name in TOOL_FILES:
+        assert all(r["family"] == "tool" and isinstance(r["tool_task"], str) for r in rows)
         return
     for r in rows:
         assert r["family"] in FAMILIES and isinstance(r["task"], str), r

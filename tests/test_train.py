@@ -93,6 +93,24 @@ def test_sampler_ranks_split_the_global_batch():
     assert single[0::2] == r0 and single[1::2] == r1
 
 
+
+def test_group_by_length_keeps_each_epoch_and_makes_steps_alike():
+    lengths = [700 if i % 7 == 0 else 40 + i % 5 for i in range(2000)]  # 1 in 7 is long
+    kw = dict(batch_size=16, accumulation_steps=1, world_size=1, rank=0, seed=5,
+              start_step=0, max_steps=2000 // 16)
+    plain = list(StepBatchSampler(2000, **kw))
+    grouped = list(StepBatchSampler(2000, lengths=lengths, **kw))
+    assert sorted(sum(grouped, [])) == sorted(sum(plain, []))  # the same examples, once each
+
+    def padded(batches):
+        return sum(16 * max(lengths[i] for i in b) for b in batches)
+    assert padded(grouped) < 0.4 * padded(plain)  # most steps no longer pad to 700
+    assert grouped != sorted(grouped, key=lambda b: lengths[b[0]])  # steps still shuffled
+    assert list(StepBatchSampler(2000, lengths=lengths, **{**kw, "start_step": 40})) \
+        == grouped[40:]  # resumable mid-epoch
+    with pytest.raises(ValueError, match="lengths has 3 entries"):
+        StepBatchSampler(2000, lengths=[1, 2, 3], **kw)
+
 def test_dataset_smaller_than_a_step_is_a_clear_error():
     with pytest.raises(ValueError, match="fewer than one optimizer step"):
         train(tiny_model(), RandomTokens(n=4), config(batch_size=8))

@@ -170,9 +170,11 @@ def _cpu() -> Profile:
         # tokens pretraining text in 64-token windows, 2,500 steps in the 2,000-step run's wall
         # time: held-out text perplexity 2.3x the pretrained model's instead of 25x, skill
         # exact-match 36.5% (36.8% without replay)
-        sft=SFTSettings(batch_size=16, seq_len=256, learning_rate=1e-3, max_steps=2500,
+        # seq_len 768 and group_by_length: the tool-use conversations (data/sft_tools.jsonl,
+        # 440-750 tokens, ~1/7 of the records) fit whole, and pad only one another
+        sft=SFTSettings(batch_size=16, seq_len=768, learning_rate=1e-3, max_steps=2500,
                         warmup_steps=50, eval_every=200, save_every=400, replay=0.5,
-                        replay_window=64),
+                        replay_window=64, group_by_length=True),
         # measured from data/reference/sft (benchmarks/forgetting_sweep.py --stage dpo,
         # docs/benchmarks.md): held-out skill exact-match 36.5% -> 40.0% with or without
         # replay; replaying a 64-token window of pretraining text beside every pair (weight 1)

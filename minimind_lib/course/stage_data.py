@@ -21,6 +21,7 @@ from minimind_lib.data.readers import dataset_files, read_jsonl
 from minimind_lib.evaluation.questions import answer_budget
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer
+from minimind_lib.tokenizer.chat3 import offers_tools
 from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.dpo import DPODataset, reservoir_sample
 from minimind_lib.training.lora import LoRASettings, with_replay
@@ -114,8 +115,10 @@ def lora_training_records(settings: LoRASettings, profile: Profile) -> list[dict
     new = task_records("train", LORA_TRAIN_PER_TASK, profile.seed)
     if settings.replay == 0:
         return new
-    old = list(itertools.islice(sft_records(dataset_files("sft", profile.data_dir)),
-                                REPLAY_POOL))
+    # subtle: not the tool-use conversations: their tools prompt alone (~300-750 tokens) is
+    # longer than a LoRA window, so none would keep a supervised token
+    old = list(itertools.islice((r for r in sft_records(dataset_files("sft", profile.data_dir))
+                                 if not offers_tools(r["conversations"])), REPLAY_POOL))
     return with_replay(new, old, settings.replay, profile.seed)
 
 

@@ -24,11 +24,12 @@ from minimind_lib.tokenizer.bpe import BPETokenizer
 
 
 def profile_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,
-                 progress: bool = True) -> ModelEval:
+                 progress: bool = True, tools: bool = False) -> ModelEval:
     """``model``'s held-out record as every stage of ``profile`` measures it: ``eval_per_task``
-    questions a task (answered within the SFT sequence length), perplexity, bits per byte."""
+    questions a task, perplexity and bits per byte in windows of the pretraining length; with
+    ``tools`` (the sft stage's result) the tool and thinking questions too."""
     return evaluate_model(model, tokenizer, per_task=profile.eval_per_task,
-                          seq_len=profile.sft.seq_len, progress=progress)
+                          seq_len=profile.pretrain.seq_len, progress=progress, tools=tools)
 
 
 def domain_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,

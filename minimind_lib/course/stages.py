@@ -315,7 +315,8 @@ def sft_stage(ctx: StageContext) -> dict:
         return {}
     model = model.cpu()
     save_model(model, ctx.out_dir)
-    evals = {"pretrain": before, "sft": profile_eval(model, tokenizer, ctx.profile, ctx.progress)}
+    evals = {"pretrain": before,
+             "sft": profile_eval(model, tokenizer, ctx.profile, ctx.progress, tools=True)}
     write_eval(ctx.out_dir, profile.eval_per_task, evals)
     print(eval_report(evals))
     return {**training_summary(run.rows), "examples": run.examples,
@@ -471,7 +472,7 @@ def quantize_stage(ctx: StageContext) -> dict:
     copy_tokenizer_files(ctx.dir("tokenizer"), ctx.out_dir)  # the folder is self-contained
 
     result = measure_formats(model, ctx.tokenizer(), eval_per_task=profile.eval_per_task,
-                             seq_len=profile.sft.seq_len,
+                             seq_len=profile.pretrain.seq_len,
                              prompt_len=min(256, profile.pretrain.seq_len), device=ctx.device,
                              progress=ctx.progress)
     rows = result.rows

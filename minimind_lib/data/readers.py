@@ -176,6 +176,9 @@ def _parse_line(raw: bytes, path: Path, lineno: int) -> object | None:
         raise DataFormatError(f"{path}:{lineno}: JSON nested too deeply to read") from None
 #: Bundled samples (``data/``); CC BY-SA-derived lines live in ``*_cc_by_sa.jsonl`` beside them.
 BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo_sample"}
+#: Further bundled files of a schema, read after the sample: the tool-use and thinking
+#: conversations (``scripts/build_tool_data.py``, notebook 14)
+BUNDLED_EXTRA = {"sft": ("sft_tools",)}
 
 
 def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]:
@@ -184,7 +187,7 @@ def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]
     With ``data_dir`` (else ``$MINIMIND_DATA_DIR``) set, MiniMind's file there: the first of
     ``MINIMIND_FILES[schema]`` present (MiniMind-3's quick file, its full one, MiniMind2's), an
     error naming the ``download`` command when none is; otherwise the bundled sample and its
-    CC BY-SA companion when present.
+    CC BY-SA companion when present, then its ``BUNDLED_EXTRA`` files (SFT: the tool-use data).
     """
     if schema not in SCHEMAS:
         raise ValueError(f"unknown schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
@@ -203,5 +206,6 @@ def dataset_files(schema: str, data_dir: str | Path | None = None) -> list[Path]
                                 f"({' or '.join(MINIMIND_FILES[schema])}) and set "
                                 "MINIMIND_DATA_DIR")
     stem = BUNDLED_FILES[schema]
-    paths = [DATA_DIR / f"{stem}.jsonl", DATA_DIR / f"{stem}_cc_by_sa.jsonl"]
+    paths = [DATA_DIR / f"{stem}.jsonl", DATA_DIR / f"{stem}_cc_by_sa.jsonl",
+             *(DATA_DIR / f"{extra}.jsonl" for extra in BUNDLED_EXTRA.get(schema, ()))]
     return [p for p in paths if p.is_file()]

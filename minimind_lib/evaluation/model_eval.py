@@ -23,6 +23,7 @@ from minimind_lib.evaluation.questions import (
     question_table,
     select_per_task,
 )
+from minimind_lib.evaluation.tool_use import evaluate_tools, tool_table
 from minimind_lib.tokenizer.bpe import BPETokenizer
 
 # --- one model's held-out record (what the stages write to eval.json) ----------------------
@@ -36,30 +37,34 @@ class ModelEval:
     tasks: dict[str, TaskScores]
     perplexity: float
     bits_per_byte: float | None = None
+    tools: dict[str, dict[str, float]] | None = None  # tool_use.evaluate_tools (sft stage)
 
     def to_dict(self) -> dict:
-        return {"perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte,
-                "tasks": {k: asdict(v) for k, v in self.tasks.items()}}
+        out = {"perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte,
+               "tasks": {k: asdict(v) for k, v in self.tasks.items()}}
+        return out | ({"tools": self.tools} if self.tools is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelEval:
         return cls({k: TaskScores(**v) for k, v in d["tasks"].items()}, d["perplexity"],
-                   d.get("bits_per_byte"))
+                   d.get("bits_per_byte"), d.get("tools"))
 
 
 def evaluate_model(model: nn.Module, tokenizer: BPETokenizer, *, per_task: int | None,
-                   seq_len: int, progress: bool = True) -> ModelEval:
+                   seq_len: int, progress: bool = True, tools: bool = False) -> ModelEval:
     """``evaluate_sft`` on the first ``per_task`` held-out questions of every task, and the
     perplexity of the held-out pretraining text (``data/eval/pretrain_eval.jsonl``) in windows
     of ``seq_len`` tokens and its bits per byte (each text cut to ``seq_len`` tokens): the
-    before/after record of the sft, dpo (and later) stages."""
+    before/after record of the sft, dpo (and later) stages. With ``tools``, also the held-out
+    tool and thinking questions (``tool_use.evaluate_tools``)."""
     questions = select_per_task(load_eval_records(), per_task)
     tasks = evaluate_sft(model, tokenizer, questions,
                          max_new_tokens=answer_budget(tokenizer, questions), progress=progress)
     held_out = eval_files("pretrain")[0]
     ppl = perplexity(model, tokenizer, held_out, seq_len, progress=progress)
     bpb = bits_per_byte(model, tokenizer, held_out, context=seq_len, progress=progress)
-    return ModelEval(tasks, ppl, bpb)
+    scores = evaluate_tools(model, tokenizer, per_task, progress) if tools else None
+    return ModelEval(tasks, ppl, bpb, scores)
 
 
 def read_eval(stage_dir: str | Path) -> dict[str, ModelEval]:
@@ -97,4 +102,7 @@ def eval_report(evals: Mapping[str, ModelEval]) -> str:
     if all(e.bits_per_byte is not None for e in evals.values()):
         line += "; bits per byte: " + arrow.join(f"{name} {e.bits_per_byte:.3f}"
                                                  for name, e in evals.items())
-    return question_table({name: e.tasks for name, e in evals.items()}) + "\n\n" + line
+    tables = [f"tool use and thinking, {name} (held-out, data/eval/tools_eval.jsonl):\n\n"
+              + tool_table(e.tools) for name, e in evals.items() if e.tools]
+    return "\n\n".join([question_table({name: e.tasks for name, e in evals.items()}), line,
+                        *tables])

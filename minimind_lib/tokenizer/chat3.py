@@ -154,6 +154,15 @@ def normalise_messages(messages: Sequence[object], field: str = "messages"
     return out, tools
 
 
+def offers_tools(messages: Sequence[object]) -> bool:
+    """Whether a conversation's system turn carries tool schemas (MiniMind's ``tools`` key).
+
+    >>> offers_tools([{"role": "system", "content": "", "tools": '[{"name": "add"}]'}])
+    True
+    """
+    return any(isinstance(m, dict) and m.get("tools") not in (None, "", []) for m in messages)
+
+
 def reserves_markers(tokenizer: object) -> bool:
     """Whether a tokenizer reserves MiniMind-3's ``<think>`` and ``<tool_call>`` (so its model
     speaks MiniMind-3's format: ``chat.template_of``)."""

@@ -113,6 +113,9 @@ class TrainingDiverged(RuntimeError):
 
 # --- data order --------------------------------------------------------------------------
 
+#: ``group_by_length``: optimizer steps whose examples are sorted by length together
+GROUP_STEPS = 32
+
 
 class StepBatchSampler:
     """Micro-batch index lists for optimizer steps ``start_step .. max_steps - 1`` of one rank.
@@ -125,7 +128,8 @@ class StepBatchSampler:
     """
 
     def __init__(self, num_examples: int, *, batch_size: int, accumulation_steps: int,
-                 world_size: int, rank: int, seed: int, start_step: int, max_steps: int):
+                 world_size: int, rank: int, seed: int, start_step: int, max_steps: int,
+                 lengths: Sequence[int] | None = None):
         self.global_batch = batch_size * accumulation_steps * world_size
         self.steps_per_epoch = num_examples // self.global_batch
         if self.steps_per_epoch == 0:
@@ -136,10 +140,35 @@ class StepBatchSampler:
         self.num_examples, self.batch_size = num_examples, batch_size
         self.accumulation_steps, self.rank, self.seed = accumulation_steps, rank, seed
         self.start_step, self.max_steps = start_step, max_steps
+        if lengths is not None and len(lengths) != num_examples:
+            raise ValueError(f"lengths has {len(lengths)} entries for {num_examples} examples")
+        self.lengths = None if lengths is None else torch.as_tensor(lengths)
 
     def permutation(self, epoch: int) -> torch.Tensor:
+        """Epoch ``epoch``'s order of the examples: a seeded shuffle, length-grouped when the
+        sampler was given ``lengths`` (``group_by_length``)."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.num_examples, generator=g)
+        perm = torch.randperm(self.num_examples, generator=g)
+        return perm if self.lengths is None else self._grouped(perm, g)
+
+    def _grouped(self, perm: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """``perm`` cut into windows of ``GROUP_STEPS`` optimizer steps; in each, the examples
+        sorted by length into steps, and the steps shuffled: a step's sequences are alike in
+        length, so padding to the longest wastes little, while a window still mixes every kind
+        (the order stays a function of the epoch: resumable)."""
+        window = self.global_batch * GROUP_STEPS
+        out = []
+        for start in range(0, len(perm), window):
+            chunk = perm[start:start + window]
+            chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]
+            steps = len(chunk) // self.global_batch
+            if steps == 0:
+                out.append(chunk)
+                continue
+            blocks = chunk[:steps * self.global_batch].view(steps, self.global_batch)
+            out += [blocks[torch.randperm(steps, generator=g)].flatten(),
+                    chunk[steps * self.global_batch:]]
+        return torch.cat(out)
 
     def __iter__(self) -> Iterator[list[int]]:
         epoch, perm = -1, None
@@ -269,6 +298,8 @@ def start_run(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     data_pos = {"dataset_len": len(dataset), "batch_size": config.batch_size,
                 "accumulation_steps": config.accumulation_steps,
                 "world_size": info.world_size, "seed": config.seed}
+    if config.group_by_length:  # another order of the same examples
+        data_pos["group_by_length"] = True
     run = TrainRun(model, model, [p for p in model.parameters() if p.requires_grad], optimizer,
                    scaler, iter(()), device, precision, info, data_pos)
     saved_rng = _resume(run, Path(config.out_dir)) if resume else None
@@ -276,7 +307,8 @@ def start_run(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
     sampler = StepBatchSampler(len(dataset), batch_size=config.batch_size,
                                accumulation_steps=config.accumulation_steps,
                                world_size=info.world_size, rank=info.rank, seed=config.seed,
-                               start_step=run.start_step, max_steps=config.max_steps)
+                               start_step=run.start_step, max_steps=config.max_steps,
+                               lengths=_lengths(dataset) if config.group_by_length else None)
     # subtle: a DataLoader draws a seed from the generator it is given (else from the global
     # RNG) when it starts iterating; a private generator keeps the global stream untouched.
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
@@ -290,6 +322,15 @@ def start_run(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
         run.forward = DistributedDataParallel(
             run.forward, device_ids=[device.index] if device.type == "cuda" else None)
     return run
+
+
+def _lengths(dataset: Dataset) -> Sequence[int]:
+    """Tokens per example, for ``group_by_length``: the dataset's ``lengths``."""
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None:
+        raise ValueError(f"group_by_length needs a dataset with lengths; "
+                         f"{type(dataset).__name__} has none")
+    return lengths
 
 
 def _resume(run: TrainRun, out_dir: Path) -> dict | None:

@@ -205,6 +205,7 @@ class TrainConfig(TrainSettings, RunOptions):
     device: str | None = None  # None: minimind_lib.core.device.pick_device()
     seed: int = 42
     progress: bool = True  # tqdm bar (rank 0 only)
+    group_by_length: bool = False  # steps of alike lengths (StepBatchSampler; needs .lengths)
 
     def __post_init__(self) -> None:
         TrainSettings.__post_init__(self)

@@ -80,6 +80,9 @@ class SFTSettings(TrainSettings):
 
     replay: float = 0.0
     replay_window: int = 0
+    # sort each window of 32 steps' examples by length into steps (StepBatchSampler): a
+    # 700-token tool conversation then pads only its own kind, not 15 short answers
+    group_by_length: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -133,6 +136,11 @@ class ReplayMix(Dataset):
             return self.sft[i]
         ids = self.text[int(self._picks[i - len(self.sft)])]["input_ids"]  # (window,)
         return {"input_ids": ids, "labels": ids.clone()}
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens of every item, (len(self),): the conversations', then the windows'."""
+        return np.concatenate([self.sft.lengths, np.full(self.windows, self.text.seq_len + 1)])
 
     def collate(self, batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         return self.sft.collate(batch)
@@ -196,7 +204,8 @@ def train_sft(model: nn.Module, tokenizer: BPETokenizer, settings: TrainSettings
         print(f"sft: {conversations.unrenderable:,} record(s) with tools or thinking skipped: "
               "MiniMind2's chat template, the course model's, cannot express them")
     config = TrainConfig.from_stage(settings, options, out_dir=out_dir, precision=precision,
-                                    device=device, seed=seed, progress=progress)
+                                    device=device, seed=seed, progress=progress,
+                                    group_by_length=getattr(settings, "group_by_length", False))
     rows = train(model, train_set, config, eval_dataset=validation_dataset(tokenizer, settings),
                  collate_fn=train_set.collate, resume=resume, callbacks=list(callbacks))
     return SFTRun(rows, len(conversations), conversations.skipped, conversations.unrenderable)

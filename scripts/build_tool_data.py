@@ -110,8 +110,8 @@ def _weekday(rng: random.Random) -> Question:
 def _poem(titles: list[str]) -> Callable[[random.Random], Question]:
     def make(rng: random.Random) -> Question:
         title = rng.choice(titles)
-        text = rng.choice(["《{t}》是谁写的？", "诗歌《{t}》的作者是谁？", "Who wrote the poem 《{t}》?",
-                           "查一下《{t}》的作者"]).format(t=title)
+        text = rng.choice(["《{t}》是谁写的？", "诗歌《{t}》的作者是谁？",
+                           "Who wrote the poem 《{t}》?", "查一下《{t}》的作者"]).format(t=title)
         return text, {"title": title}, lambda r: r
     return make
 

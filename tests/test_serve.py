@@ -228,9 +228,12 @@ def test_generate_endpoint(server, model, tok):
     assert raw["text"] == direct.text and raw["prompt_tokens"] == len(ids)
 
 
+FN = {"type": "function", "function": {"name": "f", "parameters": {}}}
+
+
 @pytest.mark.parametrize("path,body,param,words", [
     ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "hi"}]},
-     "messages.0.role", "'system', 'developer', 'user' or 'assistant'"),
+     "messages.0.role", "'system', 'developer', 'user', 'assistant' or 'tool'"),
     ("/v1/chat/completions", {"messages": user("hi"), "temperature": -0.5},
      "temperature", "temperature must be a finite number >= 0, got -0.5"),
     ("/v1/chat/completions", {"messages": user("hi"), "max_tokens": CONTEXT},
@@ -242,10 +245,25 @@ def test_generate_endpoint(server, model, tok):
     ("/v1/chat/completions", {"messages": user("hi"), "top_p": 1.5}, "top_p", "in (0, 1]"),
     ("/v1/chat/completions", {"messages": user("hi"), "n": 2}, "n", "less than or equal to 1"),
     ("/v1/chat/completions", {"messages": user("hi"), "stop": ["\n"]}, "stop", "not supported"),
+    ("/v1/chat/completions", {"messages": user("hi"), "functions": [{"name": "f"}]},
+     "functions", "deprecated function calling: send tools"),
+    ("/v1/chat/completions", {"messages": user("hi"), "logprobs": True}, "logprobs",
+     "does not support it"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": [FN], "tool_choice": "required"},
+     "tool_choice", "'required' is not supported"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": [FN], "tool_choice": {
+        "type": "function", "function": {"name": "g"}}}, "tool_choice", "not among the tools"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": [{"type": "retrieval"}]},
+     "tools.0.type", "'function'"),
     ("/v1/chat/completions", {"messages": user("hi"), "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {}}}]}, "tools", "tool calling is not served yet"),
-    ("/v1/chat/completions", {"messages": user("hi"), "tool_choice": "none"}, "tool_choice",
-     "not served yet"),
+        "name": "rm -rf"}}]}, "tools.0.function.name", "pattern"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None}]},
+     "messages.0", "content is required"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0", "only an assistant"),
+    ("/v1/chat/completions", {"messages": user("hi"), "chat_template_kwargs": {
+        "enable_thinking": "yes"}}, "chat_template_kwargs.enable_thinking", "boolean"),
+    ("/v1/tools/run", {"name": "calculate", "arguments": 5}, "arguments.str", "string"),
     ("/v1/chat/completions", {"prompt": "hi"}, "messages", "Field required"),
     ("/generate", {"prompt": "hi", "max_new_tokens": 500}, "max_new_tokens", "context"),
     ("/generate", {"prompt": "hi", "temprature": 0.5}, "temprature", "Extra inputs"),

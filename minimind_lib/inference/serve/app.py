@@ -3,14 +3,25 @@
 ``create_app(model, tokenizer)`` returns a FastAPI app with ``POST /generate`` (prompt in, text
 out), ``POST /v1/chat/completions`` (plain and streaming server-sent events) and
 ``GET /v1/models`` (with the model card: parameters, profile, stage), so standard OpenAI clients
-can talk to it, and ``GET /``: a chat page (``static/chat.html``, plain HTML and JavaScript that
-streams from ``/v1/chat/completions``; nothing loaded from elsewhere, so it works offline). The
+can talk to it; ``GET /v1/tools`` and ``POST /v1/tools/run`` (the course's tools, run by the
+safe executor, for the chat page's tool loop); and ``GET /``: a chat page
+(``static/chat.html``, plain HTML and JavaScript that streams from ``/v1/chat/completions``;
+nothing loaded from elsewhere, so it works offline). The
 text comes from ``minimind_lib.inference.chat.TextStream``, the same stream the terminal chat uses.
 
 Pictures: when the model is a vision-language model (``minimind_lib.vision.vlm``, a ``vision/vlm``
 folder: notebook 13), a user message may hold one OpenAI ``image_url`` part whose URL is a
 ``data:image/...;base64,...`` URL; the picture goes at the start of that message, where the
 VLM was trained to see it. A text-only model, a web link, or a second picture is a 400.
+
+Tools and thinking (notebook 14): ``tools`` / ``tool_choice`` (auto, none, a named function)
+are rendered in the system turn; a reply's ``<tool_call>`` blocks come back as
+``message.tool_calls`` with ``finish_reason: "tool_calls"`` (streamed: ``delta.tool_calls``),
+and ``tool`` messages send the results back. ``chat_template_kwargs: {"enable_thinking":
+true}`` (or MiniMind's ``open_thinking``) opens the think block; the reasoning comes back as
+``reasoning_content`` (streamed: ``delta.reasoning_content``). ``serve.tool_calls`` reads the
+text; what does not parse as an offered call stays content. The server runs no tool of a
+client's: the client executes its calls (the chat page asks ``/v1/tools/run``).
 
 Every error, whatever its cause, has OpenAI's shape
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``:
@@ -79,11 +90,18 @@ from minimind_lib.inference.serve.errors import (
     http_error,
     invalid_request,
 )
-from minimind_lib.inference.serve.schemas import ChatRequest, GenerateRequest, Message
+from minimind_lib.inference.serve.schemas import (
+    ChatRequest,
+    GenerateRequest,
+    Message,
+    ToolRunRequest,
+)
+from minimind_lib.inference.serve.tool_calls import ReplySplitter, choose_tools
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
+from minimind_lib.tools import execute_tool, tool_schemas
 from minimind_lib.vision.clip import to_pixels
 from minimind_lib.vision.pictures import image_from_data_url
 from minimind_lib.vision.vlm import VisionLanguageModel, encode_image_chat
@@ -131,15 +149,25 @@ class ServerState:
                            code="request_too_large")
 
     async def encode(self, messages: list[dict] | None = None, text: str | None = None,
-                     image_turn: int | None = None) -> list[int]:
-        """The prompt's ids: ``messages`` in ChatML with the generation prompt (with a VLM's
+                     image_turn: int | None = None, tools: list[dict] | None = None,
+                     open_thinking: bool = False) -> list[int]:
+        """The prompt's ids: ``messages`` in the chat template with the generation prompt
+        (``tools`` in the system turn, the think block open with ``open_thinking``; a VLM's
         image slots in message ``image_turn``), or raw ``text``. Tokenising takes ~1 s per MB
-        of text, so it runs on a thread, not the event loop."""
+        of text, so it runs on a thread, not the event loop. A conversation the template
+        cannot render (a call whose arguments are not JSON, tools under MiniMind2's
+        template) is a 400."""
         if image_turn is not None:
             return await asyncio.to_thread(encode_image_chat, self.tokenizer, messages,
                                            self.vlm.image_tokens, True, image_turn)
         if messages is not None:
-            return await asyncio.to_thread(encode_chat, self.tokenizer, messages, True)
+            try:
+                return await asyncio.to_thread(functools.partial(
+                    encode_chat, self.tokenizer, messages, True, tools=tools or None,
+                    open_thinking=open_thinking))
+            except ValueError as e:
+                raise BadRequest(str(e), "tools" if "tools" in str(e) else "messages") \
+                    from None
         return await asyncio.to_thread(self.tokenizer.encode, text, set())
 
     async def picture(self, messages: list[Message]) -> tuple[torch.Tensor | None, int | None]:
@@ -273,6 +301,8 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     app.add_api_route("/generate", generate, methods=["POST"], dependencies=guarded)
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
                       response_model=None, dependencies=guarded)
+    app.add_api_route("/v1/tools", list_tools, methods=["GET"], dependencies=guarded)
+    app.add_api_route("/v1/tools/run", run_tool, methods=["POST"], dependencies=guarded)
     app.add_api_route("/openapi.json", openapi_schema, methods=["GET"], dependencies=guarded,
                       include_in_schema=False)
     return app
@@ -396,6 +426,20 @@ async def list_models(request: Request) -> dict:
          **request.app.state.model_card}]}
 
 
+async def list_tools() -> dict:
+    """``GET /v1/tools``: the course's tools as OpenAI function schemas (what the chat page
+    offers the model)."""
+    return {"object": "list", "data": tool_schemas()}
+
+
+async def run_tool(req: ToolRunRequest) -> dict:
+    """``POST /v1/tools/run``: one of the course's own tools, by name, through the safe
+    executor (arguments are data; a bad call is the error message the model reads); nothing
+    else can run here."""
+    return {"name": req.name,
+            "content": await asyncio.to_thread(execute_tool, req.name, req.arguments)}
+
+
 async def chat_page() -> HTMLResponse:
     """``GET /``: the chat page, shipped in the package (``serve/static/chat.html``), with a
     Content-Security-Policy that allows its own inline script and style (by hash) and requests
@@ -458,33 +502,47 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
     if req.stop is not None:
         raise BadRequest(f"stop sequences are not supported; the model stops at {IM_END}",
                          "stop")
-    for name in ("tools", "tool_choice", "functions", "function_call"):
-        if getattr(req, name) is not None:
-            raise BadRequest(f"{name}: tool calling is not served yet (the terminal has it: "
-                             "python -m minimind_lib chat --tools); send the request without "
-                             "it", name)
+    unsupported = req.unsupported()
+    if unsupported:
+        hint = ("OpenAI's deprecated function calling: send tools (and tool_choice) instead"
+                if unsupported.startswith("function") else "this server does not support it")
+        raise BadRequest(f"{unsupported}: {hint}", unsupported)
+    try:
+        offered = choose_tools([t.schema() for t in req.tools or []], req.tool_choice)
+    except ValueError as e:
+        raise BadRequest(str(e), "tool_choice") from None
+    thinking = req.thinking()
     messages = [m.as_dict() for m in req.messages]
-    server.check_size([m["content"] for m in messages], "messages")
+    server.check_size([m["content"] for m in messages] + [json.dumps(offered)], "messages")
     given = req.max_completion_tokens is not None
     max_new = req.max_completion_tokens if given else req.max_tokens
     param = "max_completion_tokens" if given else "max_tokens"
     params = server.sampling(max_new, param, temperature=req.temperature, top_k=req.top_k,
                              top_p=req.top_p, seed=req.seed)
     pixels, image_turn = await server.picture(req.messages)
-    prompt_ids = await server.encode(messages=messages, image_turn=image_turn)
+    if image_turn is not None and (offered or thinking):
+        raise BadRequest("tools and thinking are for text-only conversations; the "
+                         "vision-language model's template has neither", "messages")
+    prompt_ids = await server.encode(messages=messages, image_turn=image_turn, tools=offered,
+                                     open_thinking=thinking)
     params = server.fit(params, prompt_ids, "messages", max_new, param)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": server.model_name}
+    splitter = ReplySplitter({t["function"]["name"] for t in offered}, thinking)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         job = server.engine.submit(prompt_ids, params, server.chat_stop, pixels)
-        return StreamingResponse(_sse(server.engine, job, head, len(prompt_ids), include_usage),
+        return StreamingResponse(_sse(server.engine, job, head, len(prompt_ids), include_usage,
+                                      splitter),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     result = await server.run(request, prompt_ids, params, server.chat_stop, pixels)
+    splitter.feed(result.text)
+    splitter.finish()
     return {**head, "object": "chat.completion", "choices": [{
-        "index": 0, "message": {"role": "assistant", "content": result.text},
-        "finish_reason": result.finish_reason}], "usage": _usage(len(prompt_ids), result)}
+        "index": 0, "message": splitter.message(),
+        "finish_reason": splitter.finish_reason(result.finish_reason)}],
+        "usage": _usage(len(prompt_ids), result)}
 
 
 def _usage(prompt_tokens: int, result: TextStream) -> dict:
@@ -498,8 +556,9 @@ def _event(body: dict) -> str:
 
 
 async def _sse(engine: Engine, job: _Job, head: dict, prompt_tokens: int,
-               include_usage: bool) -> AsyncIterator[str]:
-    """The chunks of a streamed chat completion, then ``data: [DONE]``."""
+               include_usage: bool, splitter: ReplySplitter) -> AsyncIterator[str]:
+    """The chunks of a streamed chat completion (``splitter`` turns the text into content,
+    reasoning and tool-call deltas), then ``data: [DONE]``."""
     def chunk(delta: dict, finish: str | None = None) -> str:
         return _event({**head, "object": "chat.completion.chunk",
                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
@@ -507,9 +566,12 @@ async def _sse(engine: Engine, job: _Job, head: dict, prompt_tokens: int,
     yield chunk({"role": "assistant", "content": ""})
     async for kind, value in engine.events(job):
         if kind == "text":
-            yield chunk({"content": value})
+            for delta in splitter.feed(value):
+                yield chunk(delta)
         elif kind == "done":
-            yield chunk({}, value.finish_reason)
+            for delta in splitter.finish():
+                yield chunk(delta)
+            yield chunk({}, splitter.finish_reason(value.finish_reason))
             if include_usage:  # OpenAI's last chunk: no choices, the token counts
                 yield _event({**head, "object": "chat.completion.chunk", "choices": [],
                               "usage": _usage(prompt_tokens, value)})

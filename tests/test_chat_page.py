@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from tiny import noisy
+from tiny import ScriptedReplies, noisy
 
 from minimind_lib.inference.chat import SamplingParams, complete, stop_ids
 from minimind_lib.inference.serve.app import create_app
@@ -260,6 +260,58 @@ def test_bad_settings_are_reported_on_the_page(browser, server):
     fill(browser, "max-tokens", 8)
     assert ask(browser, "hello", 2)[0] == api_answer(server, [{"role": "user",
                                                               "content": "hello"}], 8)
+
+
+@pytest.fixture(scope="module")
+def tool_server():
+    """A server whose model writes scripted replies: a tool call, then an answer."""
+    scripted = ScriptedReplies(TOK)
+    with BackgroundServer(create_app(scripted, TOK, model_name="scripted")) as s:
+        s.model = scripted
+        yield s
+
+
+def click_example(browser, server, label):
+    browser.get(server.url + "/")
+    until(browser, lambda b: "scripted" in b.find_element("id", "model-card").text,
+          "the model card")
+    button = next(b for b in browser.find_elements("css selector", ".example")
+                  if b.text == label)
+    button.click()
+    until(browser, lambda b: len(answers(b)) == 1 and answers(b)[0][1] is not None
+          and state(b) == "idle", "the answer")
+
+
+def test_a_calculator_question_shows_the_call_the_result_and_the_answer(browser, tool_server):
+    tool_server.model.replies[:] = [
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "256 * 37"}}\n'
+        '</tool_call>', "256 * 37 = 9472"]
+    tool_server.model.prompts.clear()
+    click_example(browser, tool_server, "What is 256 * 37?")  # switches Tools on, sends
+    assert js(browser, "return document.getElementById('tools').checked")
+    call = js(browser, "const c = document.querySelector('.assistant .tool-call');"
+                       "return [c.querySelector('.call-name').textContent,"
+                       "        c.querySelector('.call-arguments').textContent,"
+                       "        c.querySelector('.call-result').textContent]")
+    assert call == ["calculate", '({"expression": "256 * 37"})', '→ {"result": "9472"}']
+    assert js(browser, "return document.querySelector('.assistant .answer').textContent") \
+        == "256 * 37 = 9472"
+    assert answers(browser)[0][1] == "stop"
+    # the model was offered all the course's tools, and read the server-run result back
+    assert '"name": "poem_author"' in tool_server.model.prompts[0]
+    assert '<tool_response>\n{"result": "9472"}\n</tool_response>' in tool_server.model.prompts[1]
+
+
+def test_thinking_is_shown_collapsed_above_the_answer(browser, tool_server):
+    tool_server.model.replies[:] = ["12 + 7 = 19\n19 - 5 = 14\n</think>\n\n12 + 7 - 5 = 14"]
+    click_example(browser, tool_server, "12 + 7 - 5 = ?")  # switches Thinking on
+    box = js(browser, "const d = document.querySelector('.assistant details.reasoning');"
+                      "return [d.open, d.querySelector('summary').textContent,"
+                      "        d.lastChild.textContent]")
+    assert box == [False, "Thinking", "12 + 7 = 19\n19 - 5 = 14"]
+    assert js(browser, "return document.querySelector('.assistant .answer').textContent") \
+        == "12 + 7 - 5 = 14"
+    assert tool_server.model.prompts[-1].endswith("<think>\n")
 
 
 def test_the_browser_fetched_nothing_from_elsewhere(browser, server):

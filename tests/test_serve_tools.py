@@ -10,12 +10,11 @@ import json
 
 import httpx
 import pytest
-import torch
+from tiny import ScriptedReplies
 
 from minimind_lib.inference.serve.app import create_app
 from minimind_lib.inference.serve.launch import BackgroundServer
 from minimind_lib.inference.serve.tool_calls import ReplySplitter
-from minimind_lib.model import MiniMindConfig
 from minimind_lib.tokenizer import load_tokenizer
 from minimind_lib.tools import tool_schemas
 
@@ -26,27 +25,9 @@ CALL = ('<tool_call>\n{"name": "calculate", "arguments": {"expression": "256 * 3
         '</tool_call>')
 
 
-class Replies(torch.nn.Module):
-    """A stand-in model: each generation writes the next scripted reply, then ``<|im_end|>``;
-    the prompts it was given are kept (decoded, markers included)."""
-
-    def __init__(self):
-        super().__init__()
-        self.replies, self.prompts = [], []
-        self.config = MiniMindConfig(vocab_size=len(TOK), hidden_size=8, num_hidden_layers=1,
-                                     num_attention_heads=2, num_key_value_heads=1,
-                                     max_position_embeddings=4096)
-        self.dummy = torch.nn.Parameter(torch.zeros(1))
-
-    def stream(self, ids, max_new_tokens, *args, **kwargs):
-        self.prompts.append(TOK.decode(ids[0].tolist()))
-        for t in (TOK.encode(self.replies.pop(0)) + [TOK.token_to_id("<|im_end|>")]):
-            yield torch.tensor([t])
-
-
 @pytest.fixture(scope="module")
 def model():
-    return Replies()
+    return ScriptedReplies(TOK)
 
 
 @pytest.fixture(scope="module")

@@ -28,3 +28,23 @@ def noisy(model: nn.Module, std: float = 0.5) -> nn.Module:
             if p.dim() == 2:
                 p.normal_(0, std)
     return model.eval()
+
+
+class ScriptedReplies(nn.Module):
+    """A stand-in for the served model: each generation writes the next of ``replies`` (text
+    with its markers, e.g. ``<tool_call>``, as the tokenizer's special ids), then
+    ``<|im_end|>``; ``prompts`` keeps every prompt it was given, decoded."""
+
+    def __init__(self, tokenizer, context: int = 4096) -> None:
+        super().__init__()
+        self.tokenizer, self.replies, self.prompts = tokenizer, [], []
+        self.config = MiniMindConfig(vocab_size=len(tokenizer), hidden_size=8,
+                                     num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=1, max_position_embeddings=context)
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def stream(self, ids, max_new_tokens, *args, **kwargs):
+        self.prompts.append(self.tokenizer.decode(ids[0].tolist()))
+        reply = self.tokenizer.encode(self.replies.pop(0))
+        for t in reply + [self.tokenizer.token_to_id("<|im_end|>")]:
+            yield torch.tensor([t])

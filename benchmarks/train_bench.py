@@ -35,7 +35,8 @@ from minimind_lib.course.profiles import get_profile
 from minimind_lib.data.pretraining import PretrainDataset
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.training import TrainConfig, train
-from minimind_lib.training.loop import StepBatchSampler, flops_per_token
+from minimind_lib.training.loop import flops_per_token
+from minimind_lib.training.sampling import StepBatchSampler
 
 
 def token_file(directory: Path, n_tokens: int, vocab: int) -> Path:

@@ -4,8 +4,10 @@ in notebooks/solutions/ (which nbval runs, so the worked answers pass their chec
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import operator
 import re
 from pathlib import Path
 
@@ -160,6 +162,18 @@ def _yarn_band_unclamped(d, theta, L, beta_fast, beta_slow):  # 12.3: no clamps
 
 
 #: exercise id -> a plausible wrong answer (added with each exercise)
+def _walker_with_power(node):
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.Pow: operator.pow}
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_walker_with_power(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in ops:
+        return ops[type(node.op)](_walker_with_power(node.left), _walker_with_power(node.right))
+    raise ValueError(f"not allowed: {type(node).__name__}")
+
+
 WRONG: dict[str, object] = {
     "00.1": _knowledge_share,
     "00.2": _valid_pair,
@@ -214,6 +228,12 @@ WRONG: dict[str, object] = {
     "10.1": lambda rewards: rewards - rewards.mean(dim=1, keepdim=True),
     "10.2": lambda logp, ref: logp - ref,
     "10.3": lambda ratio, adv, mask, eps: (((ratio - 1).abs() > eps) & mask).sum() / mask.sum(),
+    # notebook 14: every block read with json.loads, a malformed one raising; a walker that
+    # lets ** through (9**9**9 would run for ever); calls compared as they are, so 3 != 3.0
+    "14.1": lambda text: [json.loads(b) for b in re.findall(r"<tool_call>(.*?)</tool_call>",
+                                                            text, re.S)],
+    "14.2": _walker_with_power,
+    "14.3": lambda got, want: got == want,
 }
 
 

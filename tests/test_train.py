@@ -11,7 +11,8 @@ from torch.utils.data import Dataset
 
 from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.training import TrainConfig, train
-from minimind_lib.training.loop import StepBatchSampler, TrainingDiverged, default_loss
+from minimind_lib.training.loop import TrainingDiverged, default_loss
+from minimind_lib.training.sampling import StepBatchSampler
 from minimind_lib.training.settings import lr_at
 
 VOCAB, T = 64, 16

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minimind_lib.course.exercises_tools import NOTEBOOK_14
 from minimind_lib.data.conversations import SFTDataset, sft_example
 from minimind_lib.data.readers import DataFormatError, read_jsonl, validate_record
 from minimind_lib.model.config import MiniMindConfig
@@ -773,3 +774,8 @@ def _splice(answer):
     assert torch.equal(got, splice(embeds, ids, images)), (
         "row b's slots must hold image_embeds[b] in order, and every other position keep "
         "its token embedding")
+
+
+# notebook 14's checks live in their own module (this one is long enough)
+for _exercise_id, _check in NOTEBOOK_14.items():
+    check(_exercise_id)(_check)

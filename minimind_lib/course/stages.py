@@ -315,8 +315,8 @@ def sft_stage(ctx: StageContext) -> dict:
         return {}
     model = model.cpu()
     save_model(model, ctx.out_dir)
-    evals = {"pretrain": before,
-             "sft": profile_eval(model, tokenizer, ctx.profile, ctx.progress, tools=True)}
+    after = profile_eval(model, tokenizer, profile, ctx.progress, tools=True)
+    evals = {"pretrain": before, "sft": after}
     write_eval(ctx.out_dir, profile.eval_per_task, evals)
     print(eval_report(evals))
     return {**training_summary(run.rows), "examples": run.examples,
@@ -588,8 +588,7 @@ def lora_stage(ctx: StageContext) -> dict:
     model = model.cpu()
     save_adapter(model, ctx.out_dir, base_model_name_or_path=str(start))
     merged = _save_merged(model, ctx)
-    evals = {"sft": before, "lora": domain_eval(merged, tokenizer, profile,
-                                                progress=ctx.progress)}
+    evals = {"sft": before, "lora": domain_eval(merged, tokenizer, profile, None, ctx.progress)}
     adapter = {"rank": settings.rank, "alpha": settings.alpha,
                "target_modules": list(settings.target_modules),
                "trainable_parameters": counts.trainable, "total_parameters": counts.total}

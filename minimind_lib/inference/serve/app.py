@@ -101,7 +101,7 @@ from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
-from minimind_lib.tools import execute_tool, tool_schemas
+from minimind_lib.tools.registry import execute_tool, tool_schemas
 from minimind_lib.vision.clip import to_pixels
 from minimind_lib.vision.pictures import image_from_data_url
 from minimind_lib.vision.vlm import VisionLanguageModel, encode_image_chat

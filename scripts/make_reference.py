@@ -59,7 +59,7 @@ def main() -> int:
     shipped = load_model(args.out)  # what a student loads: bf16 weights in an fp32 model
     tokenizer = BPETokenizer.from_file(args.out / TOKENIZER_FILE)
     scores = evaluate_model(shipped, tokenizer, per_task=profile.eval_per_task,
-                            seq_len=profile.sft.seq_len)
+                            seq_len=profile.pretrain.seq_len, tools=True)
     atomic_write_text(args.out / EVAL_FILE, json.dumps(
         {"per_task": profile.eval_per_task, "models": {"sft": scores.to_dict()}}, indent=2) + "\n")
     pooled = summarize(scores.tasks)
@@ -102,10 +102,29 @@ def write_readme(args: argparse.Namespace, marker: dict, scores, pooled: dict, s
         f"- knowledge tasks: exact-match {pooled['knowledge'].exact_match:.1%}",
         f"- held-out text perplexity: {scores.perplexity:.1f}"
         + (f" (the pretrained model's: {before.perplexity:.1f})" if before else ""),
+        *tool_lines(scores.tools or {}),
         "",
         f"Made from run `{marker['run_id'][:8]}` ({marker.get('finished_at', 'unknown time')}).",
     ]
     atomic_write_text(args.out / "README.md", "\n".join(lines) + "\n")
+
+
+def tool_lines(tools: dict) -> list[str]:
+    """The README's lines on tool use and thinking (data/eval/tools_eval.jsonl)."""
+    if not tools:
+        return []
+    kinds = [k for k in tools if "call_accuracy" in tools[k]]
+    mean = sum(tools[k]["call_accuracy"] for k in kinds) / len(kinds)
+    lines = [f"- tool calls ({', '.join(kinds)}): call accuracy {mean:.1%} on average; "
+             f"calculator questions exact-match {tools['calculate']['with_tools']:.1%} with the "
+             f"calculator, {tools['calculate']['without_tools']:.1%} without"]
+    if "no_tool" in tools:
+        lines.append(f"- questions that need no tool, tools offered: false calls "
+                     f"{tools['no_tool']['false_calls']:.1%}")
+    if "multi_step" in tools:
+        lines.append(f"- three-number sums: exact-match {tools['multi_step']['thinking_on']:.1%} "
+                     f"with thinking on, {tools['multi_step']['thinking_off']:.1%} off")
+    return lines
 
 
 if __name__ == "__main__":

@@ -115,7 +115,9 @@ def tool_lines(tools: dict) -> list[str]:
         return []
     kinds = [k for k in tools if "call_accuracy" in tools[k]]
     mean = sum(tools[k]["call_accuracy"] for k in kinds) / len(kinds)
-    lines = [f"- tool calls ({', '.join(kinds)}): call accuracy {mean:.1%} on average; "
+    named = sum(tools[k].get("right_tool", 0.0) for k in kinds) / len(kinds)
+    lines = [f"- tool calls ({', '.join(kinds)}), each question offered its own tool(s): the "
+             f"right tool {named:.1%} on average, with exact arguments (call accuracy) {mean:.1%}; "
              f"calculator questions exact-match {tools['calculate']['with_tools']:.1%} with the "
              f"calculator, {tools['calculate']['without_tools']:.1%} without"]
     if "no_tool" in tools:

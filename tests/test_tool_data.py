@@ -124,7 +124,7 @@ def test_an_oracle_scores_full_marks_and_a_model_that_never_calls_scores_no_call
     never = evaluate_tools(Oracle(HELD, calls=False), TOK, per_task=2, progress=False)
     assert never["calculate"]["call_accuracy"] == 0.0
     assert never["calculate"]["with_tools"] == never["calculate"]["without_tools"] == 1.0
-    assert "| calculate | 2 | 0.0% | 100.0% | 100.0% |" in tool_table(never)
+    assert "| calculate | 2 | 0.0% | 0.0% | 100.0% | 100.0% |" in tool_table(never)
 
 
 def test_a_held_out_record_without_its_fields_is_named(tmp_path, monkeypatch):

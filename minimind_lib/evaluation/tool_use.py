@@ -3,9 +3,10 @@
 (``tools.run_with_tools``), greedy:
 
 * a tool task (``calculate``, ``convert_units``, ``days_between``, ``weekday``,
-  ``poem_author``): **call accuracy** (the first call names the expected tool with equal
-  arguments, after parsing), **exact match with the tools** (the final answer) and **without**
-  (the same question, no tools offered: what the model knows by itself);
+  ``poem_author``): the share whose first call names the **right tool**, **call accuracy**
+  (the right tool with equal arguments, after parsing), **exact match with the tools** (the
+  final answer) and **without** (the same question, no tools offered: what the model knows by
+  itself);
 * ``no_tool`` (a question that needs none, tools offered): the **false-call** rate, and
   exact match;
 * ``multi_step`` (a three-number sum): exact match with **thinking on** (the prompt opens the
@@ -30,7 +31,8 @@ from minimind_lib.tokenizer.chat3 import normalise_messages
 from minimind_lib.tools.loop import run_with_tools
 
 #: The columns of the table, per kind of question (None: not measured for it).
-METRICS = {"call_accuracy": "call accuracy", "with_tools": "EM with tools",
+METRICS = {"right_tool": "right tool", "call_accuracy": "call accuracy",
+           "with_tools": "EM with tools",
            "without_tools": "EM without tools", "false_calls": "false calls",
            "thinking_on": "EM thinking on", "thinking_off": "EM thinking off",
            "wrote_reasoning": "wrote reasoning"}
@@ -103,7 +105,8 @@ def score_record(model: nn.Module, tokenizer: BPETokenizer, record: dict) -> dic
     right = (first is not None and first["name"] == want["name"]
              and same_arguments(first["arguments"], want["arguments"]))
     alone = ask([], 1)
-    return {"call_accuracy": right, "with_tools": run.answered and exact_match(run.answer, answer),
+    return {"right_tool": first is not None and first["name"] == want["name"],
+            "call_accuracy": right, "with_tools": run.answered and exact_match(run.answer, answer),
             "without_tools": exact_match(alone.answer, answer)}
 
 

@@ -268,3 +268,34 @@ def test_a_stub_is_not_done_yet(capsys):
     for exercise_id in CHECKS:
         assert exercise(exercise_id, stub) is False
     assert capsys.readouterr().out.count("not done yet") == len(CHECKS)
+
+
+#: answers that ignore the question: constants, the input handed back, nothing
+DEGENERATE = {"the constant 0.0": lambda *a, **k: 0.0,
+              "a zero tensor": lambda *a, **k: torch.tensor(0.0),
+              "its first argument": lambda *a, **k: a[0] if a else None,
+              "None": lambda *a, **k: None, "an empty list": lambda *a, **k: [],
+              "True": lambda *a, **k: True}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(CHECKS))
+def test_a_degenerate_answer_fails_its_check(exercise_id):
+    for name, answer in DEGENERATE.items():
+        try:
+            exercise(exercise_id, answer)
+        except NotImplementedError:
+            raise AssertionError(f"{exercise_id}: {name} read as the stub") from None
+        except Exception:  # noqa: BLE001 - an AssertionError or the error a wrong type raises
+            continue
+        raise AssertionError(f"exercise {exercise_id} accepts {name}")
+
+
+def test_every_solution_asserts_that_its_checks_say_correct():
+    """nbval runs the solution notebooks; each answer's check must be asserted, so a check that
+    says "wrong" (or "not done yet") fails the run."""
+    for solution in sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(solution.read_text(encoding="utf-8"))["cells"]
+        source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        asserted = set(re.findall(r"""assert exercise\(\s*["'](\d\d\.\d+)["']""", source))
+        assert asserted == _asked(solution), (
+            f"{solution.name}: not asserted: {sorted(_asked(solution) - asserted)}")

@@ -625,8 +625,12 @@ def _kl_k2(k2) -> None:
 def _clip_fraction(clip_fraction) -> None:
     """``clip_fraction(ratio, advantages, mask, eps)``: share of answer tokens where the clipped
     term is the smaller one (where PPO's objective stops the gradient)."""
-    g = torch.Generator().manual_seed(3)
-    ratio = 0.6 + 0.8 * torch.rand(4, 6, generator=g)  # (B, T) around 1
+    # (B, T): both sides clip inside the mask (A > 0 above 1 + eps, A < 0 below 1 - eps), some
+    # only at eps 0.1, and the padding clips too (a fraction over every token is wrong)
+    ratio = torch.tensor([[1.35, 1.15, 0.70, 1.00, 1.50, 1.50],
+                          [0.70, 0.85, 1.30, 1.00, 0.95, 1.05],
+                          [1.25, 0.50, 0.50, 0.50, 0.50, 0.50],
+                          [0.60, 1.40, 0.88, 0.50, 0.50, 0.50]])
     advantages = torch.tensor([1.0, -1.0, 0.5, -2.0])
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0],
                          [1, 1, 1, 0, 0, 0]]).bool()
@@ -635,6 +639,7 @@ def _clip_fraction(clip_fraction) -> None:
                                clip_eps=eps)
         got = float(clip_fraction(ratio, advantages, mask, eps))
         expected = metrics["clip_fraction"].item()
+        assert 0 < expected < 1, "the check's own data must clip some tokens and not others"
         assert abs(got - expected) < 1e-6, f"eps={eps}: got {got}, expected {expected}"
 
 

@@ -6,5 +6,6 @@
 * ``pipeline``: ``ensure(stage, profile)``: reuse a finished run or produce it, and say why;
 * ``plan``: tokens, steps and time a profile needs on the data present;
 * ``report``: ``report.md`` from the stage folders;
-* ``exercises``: every notebook's exercise checks; ``plotting``, ``widgets``: the pictures.
+* ``exercises``: every notebook's exercise checks; ``quoted``: the figures a notebook quotes,
+  checked by its run; ``plotting``, ``widgets``: the pictures.
 """

@@ -1,0 +1,64 @@
+"""Figures a notebook quotes, checked by the run that shows them.
+
+A "What you should see" box gives each figure as a range (``85-100%``); the code cell after
+it names the same ranges in a ``QUOTED`` dict and calls ``check_quoted`` with this run's
+values. It prints both and fails (so nbval fails) the day the text and the code part ways.
+
+A range is ``(low, high)`` for a rate, printed as percentages, or ``(low, high, "{:.2f}")``
+for any other number, printed with that format. A measured value may be a list (one figure
+for several models, or every step): every one must fall in the range.
+``tests/test_quoted.py`` reads every box and fails on a percentage no ``QUOTED`` range of its
+notebook covers.
+
+>>> check_quoted({"format rate": (0.85, 1.0), "loss": (2.0, 3.5, "{:.2f}")},
+...              {"format rate": 0.925, "loss": 2.71})
+the text says 85-100% for format rate: this run 92.5%
+the text says 2.00-3.50 for loss: this run 2.71
+>>> check_quoted({"loss": (2.0, 3.5, "{:.2f}")}, {"loss": [2.71, 3.02]})
+the text says 2.00-3.50 for loss: this run 2.71, 3.02
+>>> check_quoted({"format rate": (0.85, 1.0)}, {"format rate": 0.5})  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+AssertionError: format rate: the text says 85-100%, this run 50.0%: the notebook's text (or...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+#: ``(low, high)`` (a rate) or ``(low, high, format)``
+Range = tuple[float, float] | tuple[float, float, str]
+
+
+def _bound(value: float) -> str:
+    """A rate's bound as the box writes it: ``0.85`` -> ``85``, ``0.025`` -> ``2.5``."""
+    return f"{value * 100:.4g}"
+
+
+def describe(quoted: Range) -> tuple[str, str]:
+    """(the range as the text writes it, the format of a measured value)."""
+    if len(quoted) == 3:
+        low, high, fmt = quoted
+        return f"{fmt.format(low)}-{fmt.format(high)}", fmt
+    low, high = quoted
+    return f"{_bound(low)}-{_bound(high)}%", "{:.1%}"
+
+
+def check_quoted(quoted: Mapping[str, Range],
+                 measured: Mapping[str, float | Sequence[float]]) -> None:
+    """Print each quoted range beside this run's value; raise ``AssertionError`` naming every
+    figure outside its range (or quoted and not measured)."""
+    missing = sorted(set(quoted) - set(measured))
+    if missing:
+        raise KeyError(f"quoted but not measured: {', '.join(missing)}")
+    drifted = []
+    for name, bounds in quoted.items():
+        text, fmt = describe(bounds)
+        got = measured[name]
+        values = [float(v) for v in (got if isinstance(got, Sequence) else [got])]
+        shown = (", ".join(fmt.format(v) for v in values) if len(values) <= 4 else
+                 f"{fmt.format(min(values))} to {fmt.format(max(values))} ({len(values)} values)")
+        print(f"the text says {text} for {name}: this run {shown}")
+        if not all(bounds[0] <= v <= bounds[1] for v in values):
+            drifted.append(f"{name}: the text says {text}, this run {shown}")
+    if drifted:
+        raise AssertionError("; ".join(drifted) + ": the notebook's text (or the run) has drifted")

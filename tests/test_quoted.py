@@ -18,7 +18,7 @@ from minimind_lib.course.quoted import _bound, check_quoted, describe
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 #: notebooks whose boxes are all ranges checked by the run (issue 31 converts them one by one)
-CHECKED = {"04_pretraining", "11_moe", "12_long_context"}
+CHECKED = {"00_setup_and_data", "01_tokenizer", "04_pretraining", "11_moe", "12_long_context"}
 PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 RANGE = re.compile(r"(\d+(?:\.\d+)?)\s*%?\s*[-–]\s*(\d+(?:\.\d+)?)\s*%")
 

@@ -16,6 +16,8 @@ the text says 85-100% for format rate: this run 92.5%
 the text says 2.00-3.50 for loss: this run 2.71
 >>> check_quoted({"loss": (2.0, 3.5, "{:.2f}")}, {"loss": [2.71, 3.02]})
 the text says 2.00-3.50 for loss: this run 2.71, 3.02
+>>> check_quoted({"documents": (7526, 7526, "{:,}")}, {"documents": 7526})
+the text says 7,526 for documents: this run 7,526
 >>> check_quoted({"format rate": (0.85, 1.0)}, {"format rate": 0.5})  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 AssertionError: format rate: the text says 85-100%, this run 50.0%: the notebook's text (or...
@@ -38,9 +40,9 @@ def describe(quoted: Range) -> tuple[str, str]:
     """(the range as the text writes it, the format of a measured value)."""
     if len(quoted) == 3:
         low, high, fmt = quoted
-        return f"{fmt.format(low)}-{fmt.format(high)}", fmt
+        return fmt.format(low) if low == high else f"{fmt.format(low)}-{fmt.format(high)}", fmt
     low, high = quoted
-    return f"{_bound(low)}-{_bound(high)}%", "{:.1%}"
+    return (f"{_bound(low)}%" if low == high else f"{_bound(low)}-{_bound(high)}%"), "{:.1%}"
 
 
 def check_quoted(quoted: Mapping[str, Range],
@@ -54,7 +56,8 @@ def check_quoted(quoted: Mapping[str, Range],
     for name, bounds in quoted.items():
         text, fmt = describe(bounds)
         got = measured[name]
-        values = [float(v) for v in (got if isinstance(got, Sequence) else [got])]
+        values = [v if isinstance(v, int) else float(v)
+                  for v in (got if isinstance(got, Sequence) else [got])]
         shown = (", ".join(fmt.format(v) for v in values) if len(values) <= 4 else
                  f"{fmt.format(min(values))} to {fmt.format(max(values))} ({len(values)} values)")
         print(f"the text says {text} for {name}: this run {shown}")

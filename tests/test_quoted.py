@@ -32,21 +32,27 @@ def boxes(path: Path) -> list[str]:
 
 
 def quoted_ranges(path: Path) -> list[tuple]:
-    """Every range of every ``QUOTED = {...}`` literal in the notebook's code."""
-    found = []
+    """Every range of every ``QUOTED = {...}`` literal in the notebook's code, and of every dict
+    literal handed to ``check_quoted`` directly."""
+    literals = []
     for kind, source in _cells(path):
-        if kind != "code" or "QUOTED" not in source:
+        if kind != "code" or ("QUOTED" not in source and "check_quoted" not in source):
             continue
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Assign) and any(
                     isinstance(t, ast.Name) and t.id == "QUOTED" for t in node.targets):
-                stack = [ast.literal_eval(node.value)]
-                while stack:
-                    value = stack.pop()
-                    if isinstance(value, dict):
-                        stack.extend(value.values())
-                    else:
-                        found.append(tuple(value))
+                literals.append(node.value)
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "check_quoted"
+                  and node.args and isinstance(node.args[0], ast.Dict)):
+                literals.append(node.args[0])
+    found = []
+    stack = [ast.literal_eval(node) for node in literals]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        else:
+            found.append(tuple(value))
     return found
 
 

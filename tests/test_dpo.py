@@ -345,7 +345,8 @@ def test_dpo_stage_raises_heldout_preference_accuracy_in_the_smoke_profile(tmp_p
     # more pairs right; the earlier 5e-4 x 30 steps moved it by -0.8 to -0.4), on every
     # held-out pair (100 per task) so the rise is counted in pairs, not in the noise of 20
     profile = replace(smoke, eval_per_task=100,
-                      dpo=replace(smoke.dpo, learning_rate=1e-3, max_steps=120, pairs="offline"))
+                      dpo=replace(smoke.dpo, learning_rate=1e-3, max_steps=120, pairs="offline",
+                                  nll_weight=1.0, replay_weight=0.0))
     (tmp_path / "tokenizer").mkdir()
     TOK.save(tmp_path / "tokenizer" / "tokenizer.json")
     torch.manual_seed(profile.seed)

@@ -17,8 +17,10 @@ import pytest
 from minimind_lib.course.quoted import _bound, check_quoted, describe
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-#: notebooks whose boxes are all ranges checked by the run (issue 31 converts them one by one)
-CHECKED = {"00_setup_and_data", "01_tokenizer", "04_pretraining", "11_moe", "12_long_context"}
+#: notebooks whose boxes are not yet ranges checked by their run (issue 31 converts them one by
+#: one; the list only shrinks)
+NOT_YET = {"02_attention", "03_transformer", "05_sft", "07_quantization",
+           "08_inference_and_serving", "13_vision", "14_tools_and_thinking"}
 PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 RANGE = re.compile(r"(\d+(?:\.\d+)?)\s*%?\s*[-–]\s*(\d+(?:\.\d+)?)\s*%")
 
@@ -63,7 +65,8 @@ def uncovered(box: str, ranges: list[tuple]) -> list[str]:
     return sorted({n for n in numbers if f"{float(n):.4g}" not in bounds})
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem in CHECKED], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem not in NOT_YET],
+                         ids=lambda p: p.stem)
 def test_every_quoted_rate_is_a_checked_range(path):
     ranges = quoted_ranges(path)
     assert ranges, f"{path.name}: no QUOTED ranges"

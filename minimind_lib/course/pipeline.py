@@ -363,13 +363,20 @@ def model_to_show(profile: Profile | str | None = None,
                   stages: tuple[str, ...] = ("dpo", "sft")) -> tuple[Path, str]:
     """The model a notebook shows, and a sentence saying which: the most trained finished stage
     among ``stages`` under ``runs/<profile>`` (the student's own), else ``REFERENCE_MODEL``.
-    Nothing is trained; ``ensure`` is the way to train.
+    The smoke profile always shows the reference: its own models train for seconds and answer
+    noise, and what the notebook shows (and checks) should not depend on which notebook ran
+    first. Nothing is trained; ``ensure`` is the way to train.
 
-    >>> folder, which = model_to_show("smoke", stages=("no-such-stage",))
+    >>> folder, which = model_to_show("cpu", stages=("no-such-stage",))
     >>> folder == REFERENCE_MODEL, which.startswith("the shipped reference model")
     (True, True)
+    >>> model_to_show("smoke")[0] == REFERENCE_MODEL
+    True
     """
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
+    if profile.name == "smoke":
+        return REFERENCE_MODEL, ("the shipped reference model (data/reference/sft: the cpu profile "
+                                 "after SFT); the smoke profile's own models answer noise")
     for stage in stages:
         if read_marker(profile.runs_dir / stage) is not None:
             return (profile.runs_dir / stage,

@@ -50,10 +50,8 @@ from minimind_lib.tools.lookup import poem_authors  # noqa: E402
 SEED = 20260401
 TRAIN_FILE, EVAL_FILE = "sft_tools.jsonl", "eval/tools_eval.jsonl"
 #: training records per kind, and held-out records per kind
-# (the tool calls three times what a first build had: 300 more steps on that build's calls
-# took call accuracy from 6% to 55%, scripts/tool_steps_probe.py, docs/benchmarks.md)
-TRAIN = {"calculate": 1350, "convert_units": 750, "days_between": 540, "weekday": 540,
-         "poem_author": 600, "no_tool": 700, "without_tools": 200, "multi_step": 800}
+TRAIN = {"calculate": 450, "convert_units": 250, "days_between": 180, "weekday": 180,
+         "poem_author": 200, "no_tool": 350, "without_tools": 200, "multi_step": 800}
 EVAL_PER_KIND = 100
 TOOL_KINDS = ("calculate", "convert_units", "days_between", "weekday", "poem_author")
 DISTRACTOR_SHARE = 0.4  # records that offer one tool more than they need
@@ -204,45 +202,38 @@ def _unique(make: Callable[[random.Random], Question], n: int, rng: random.Rando
 
 
 def build(data_dir: Path, seed: int = SEED) -> tuple[list[dict], list[dict]]:
-    """(training records, eval records): disjoint questions, and disjoint poem titles. The
-    held-out set is drawn first, from its own random stream, so the training set's size can
-    change without moving it."""
+    """(training records, eval records): disjoint questions, and disjoint poem titles."""
     rng = random.Random(seed)
     titles = sorted(poem_authors())
     rng.shuffle(titles)
     held_titles, train_titles = titles[:len(titles) // 5], titles[len(titles) // 5:]
     makers = {"calculate": _calculate, "convert_units": _convert, "days_between": _days,
               "weekday": _weekday}
-    taken: set[str] = set()
-    held = [tool_record(kind, q, rng) for kind in TOOL_KINDS for q in _unique(
-        makers.get(kind) or _poem(held_titles), EVAL_PER_KIND, rng, taken)]
-    sft_eval = [r for r in read_jsonl(data_dir / "eval/sft_eval.jsonl", "sft") if r.get("task")]
-    held += [no_tool_record(r, rng) for r in rng.sample(sft_eval, EVAL_PER_KIND)]
-    held += _multi_steps(EVAL_PER_KIND, rng, taken)
-
-    rng = random.Random(seed + 1)  # the training set's stream
     train: list[dict] = []
+    held: list[dict] = []
+    taken: set[str] = set()
     for kind in TOOL_KINDS:
-        make = makers.get(kind) or _poem(train_titles)
-        train += [tool_record(kind, q, rng) for q in _unique(make, TRAIN[kind], rng, taken)]
+        held_make = makers.get(kind) or _poem(held_titles)
+        train_make = makers.get(kind) or _poem(train_titles)
+        held += [tool_record(kind, q, rng) for q in _unique(held_make, EVAL_PER_KIND, rng, taken)]
+        train += [tool_record(kind, q, rng) for q in _unique(train_make, TRAIN[kind], rng, taken)]
         per_kind = TRAIN["without_tools"] // len(TOOL_KINDS)
-        train += [without_tools_record(kind, q) for q in _unique(make, per_kind, rng, taken)]
+        train += [without_tools_record(kind, q) for q in _unique(train_make, per_kind, rng, taken)]
     sft = [r for r in read_jsonl(data_dir / "sft_sample.jsonl", "sft") if r.get("task")]
+    sft_eval = [r for r in read_jsonl(data_dir / "eval/sft_eval.jsonl", "sft") if r.get("task")]
     train += [no_tool_record(r, rng) for r in rng.sample(sft, TRAIN["no_tool"])]
-    train += _multi_steps(TRAIN["multi_step"], rng, taken)
+    held += [no_tool_record(r, rng) for r in rng.sample(sft_eval, EVAL_PER_KIND)]
+    multi_held, multi_train = [], []
+    while len(multi_held) < EVAL_PER_KIND or len(multi_train) < TRAIN["multi_step"]:
+        record = multi_step_record(rng, think=rng.random() < 0.5)
+        if _question_key(record) in taken:
+            continue
+        taken.add(_question_key(record))
+        (multi_held if len(multi_held) < EVAL_PER_KIND else multi_train).append(record)
+    held += multi_held
+    train += multi_train[:TRAIN["multi_step"]]
     rng.shuffle(train)
     return train, held
-
-
-def _multi_steps(n: int, rng: random.Random, taken: set[str]) -> list[dict]:
-    """``n`` multi-step records with questions not in ``taken`` (which gains them)."""
-    out: list[dict] = []
-    while len(out) < n:
-        record = multi_step_record(rng, think=rng.random() < 0.5)
-        if _question_key(record) not in taken:
-            taken.add(_question_key(record))
-            out.append(record)
-    return out
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:

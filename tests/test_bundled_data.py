@@ -21,8 +21,8 @@ from minimind_lib import DATA_DIR, REPO_ROOT
 from minimind_lib.data import read_jsonl
 
 # all committed data except data/tokenizer/: the task samples (~8.8 MB) and the tool-use
-# conversations (~5.4 MB: each carries its tools' JSON schemas, as MiniMind's data does)
-BUDGET_BYTES = 15_000_000
+# conversations (~2.5 MB: each carries its tools' JSON schemas, as MiniMind's data does)
+BUDGET_BYTES = 12_000_000
 #: scripts/build_tool_data.py's files (tests/test_tool_data.py checks them)
 TOOL_FILES = {"sft_tools.jsonl", "tools_eval.jsonl"}
 TRAIN = {"sft": ["sft_sample.jsonl", "sft_sample_cc_by_sa.jsonl"],

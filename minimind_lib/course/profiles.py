@@ -153,7 +153,7 @@ def _smoke() -> Profile:
         # learn both count and side (scripts/vision_oracle.py), and with the picture token 250
         # steps scored 67-70%. Measured (50 held-out pictures, seeds 42 and 0-4,
         # docs/benchmarks.md): zero-shot 72-88% (chance 5%), VQA 76.0-82.6% (twice chance:
-        # 71.4%), ~4.5 min of one thread. 250 VLM steps on 8-pixel patches (before): 50.5-57.0%
+        # 71.3%), ~4.5 min of one thread. 250 VLM steps on 8-pixel patches (before): 50.5-57.0%
         vision=VisionSettings(
             train_images=2000, eval_images=50, clip=CLIPConfig(patch_size=16), merge=1,
             clip_training=vision_training(128, 2e-3, 400, seq_len=32, warmup_steps=10),

@@ -130,8 +130,7 @@ def _smoke() -> Profile:
         # teach nothing. Measured from it, 120 steps of 8 pairs: lr 3e-4 with the cpu profile's
         # NLL and replay terms took the held-out on-policy loss 4.73 -> 4.60 and the skill pairs'
         # held-out preference accuracy 89.2% -> 91.7% at text perplexity 1.04x (lr 1e-3 without
-        # them:
-        # skill exact-match 29.2% -> 14.2%, perplexity 5.1x; lr 1e-4: nothing moved)
+        # them: skill exact-match 29.2% -> 14.2%, perplexity 5.1x; lr 1e-4: nothing moved)
         dpo=DPOSettings(batch_size=8, seq_len=128, learning_rate=3e-4, max_steps=120,
                         warmup_steps=5, eval_every=40, save_every=120, max_examples=1000,
                         questions=512, val_questions=32, nll_weight=2.0, replay_weight=1.0,

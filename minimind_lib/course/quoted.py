@@ -16,8 +16,10 @@ the text says 85-100% for format rate: this run 92.5%
 the text says 2.00-3.50 for loss: this run 2.71
 >>> check_quoted({"loss": (2.0, 3.5, "{:.2f}")}, {"loss": [2.71, 3.02]})
 the text says 2.00-3.50 for loss: this run 2.71, 3.02
->>> check_quoted({"documents": (7526, 7526, "{:,}")}, {"documents": 7526})
+>>> check_quoted({"documents": (7526, 7526, "{:,}"), "share": (0.0119, 0.0119)},
+...              {"documents": 7526, "share": 0.0119})
 the text says 7,526 for documents: this run 7,526
+the text says 1.19% for share: this run 1.19%
 >>> check_quoted({"format rate": (0.85, 1.0)}, {"format rate": 0.5})  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 AssertionError: format rate: the text says 85-100%, this run 50.0%: the notebook's text (or...
@@ -42,7 +44,9 @@ def describe(quoted: Range) -> tuple[str, str]:
         low, high, fmt = quoted
         return fmt.format(low) if low == high else f"{fmt.format(low)}-{fmt.format(high)}", fmt
     low, high = quoted
-    return (f"{_bound(low)}%" if low == high else f"{_bound(low)}-{_bound(high)}%"), "{:.1%}"
+    decimals = max(len(_bound(b).partition(".")[2]) for b in (low, high))
+    text = f"{_bound(low)}%" if low == high else f"{_bound(low)}-{_bound(high)}%"
+    return text, f"{{:.{max(1, decimals)}%}}"        # a value as precise as its bounds
 
 
 def check_quoted(quoted: Mapping[str, Range],

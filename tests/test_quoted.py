@@ -1,8 +1,10 @@
-"""Every rate a notebook's "What you should see" box quotes is a range its run asserts.
+"""Every rate and decimal figure a notebook's "What you should see" box quotes is a range its run
+asserts.
 
 ``course.quoted.check_quoted`` prints and asserts the ranges of a ``QUOTED`` dict; this test
 reads each notebook's boxes and its ``QUOTED`` literals (per profile: ``{"smoke": {...},
-"cpu": {...}}``) and fails on a percentage in a box that no quoted bound matches.
+"cpu": {...}}``) and fails on a percentage or a decimal figure in a box that no quoted bound
+matches. (Whole numbers are not read: they are counts, steps and settings as often as figures.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]
 NOT_YET: set[str] = set()
 PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 RANGE = re.compile(r"(\d+(?:\.\d+)?)\s*%?\s*[-–]\s*(\d+(?:\.\d+)?)\s*%")
+#: a decimal figure (2.71, 1,048.5); not one after "=" (a setting: β = 0.1), not in code or maths
+DECIMAL = re.compile(r"(?<![\w.=])(?<!= )(\d[\d,]*\.\d+)(?![\w.])")
 
 
 def _cells(path: Path) -> list[tuple[str, str]]:
@@ -29,7 +33,13 @@ def _cells(path: Path) -> list[tuple[str, str]]:
 
 
 def boxes(path: Path) -> list[str]:
-    return [s for kind, s in _cells(path) if kind == "markdown" and "What you should see" in s]
+    """Each box's text: from "What you should see" to the next heading of its cell."""
+    found = []
+    for kind, source in _cells(path):
+        if kind == "markdown" and "What you should see" in source:
+            start = source.rfind("\n", 0, source.index("What you should see")) + 1
+            found.append(re.split(r"\n#+ ", source[start:])[0])
+    return found
 
 
 def quoted_ranges(path: Path) -> list[tuple]:
@@ -58,10 +68,19 @@ def quoted_ranges(path: Path) -> list[tuple]:
 
 
 def uncovered(box: str, ranges: list[tuple]) -> list[str]:
-    """The box's percentages that are not bounds of a quoted rate range."""
+    """The box's percentages that are not bounds of a quoted rate range, and its decimal figures
+    that are not bounds of any range (to the precision the box writes them)."""
     bounds = {_bound(b) for r in ranges if len(r) == 2 for b in r}
     numbers = [n for pair in RANGE.findall(box) for n in pair] + PERCENT.findall(box)
-    return sorted({n for n in numbers if f"{float(n):.4g}" not in bounds})
+    missing = {n for n in numbers if f"{float(n):.4g}" not in bounds}
+    values = [float(b) * (1 if len(r) == 3 else scale) for r in ranges for b in r[:2]
+              for scale in (1, 100)]
+    prose = re.sub(r"\$[^$]*\$", "", re.sub(r"`[^`]*`", "", box))    # code and maths: names
+    for n in DECIMAL.findall(prose):
+        tolerance = 0.5 * 10 ** -len(n.split(".")[1]) + 1e-12
+        if not any(abs(float(n.replace(",", "")) - v) <= tolerance for v in values):
+            missing.add(n)
+    return sorted(missing)
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem not in NOT_YET],
@@ -75,9 +94,11 @@ def test_every_quoted_rate_is_a_checked_range(path):
 
 
 def test_uncovered_finds_a_figure_no_range_checks():
-    box = "**What you should see**: format rate 85-100%, skill 30%."
-    assert uncovered(box, [(0.85, 1.0)]) == ["30"]
-    assert uncovered(box, [(0.85, 1.0), (0.2, 0.3)]) == []
+    box = "**What you should see**: format rate 85-100%, skill 30%, loss 2.50-3.10 at β = 0.1."
+    assert uncovered(box, [(0.85, 1.0), (2.5, 3.1, "{:.2f}")]) == ["30"]
+    assert uncovered(box, [(0.85, 1.0), (0.2, 0.3)]) == ["2.50", "3.10"]
+    assert uncovered(box, [(0.85, 1.0), (0.2, 0.3), (2.5, 3.1, "{:.2f}")]) == []
+    assert uncovered("What you should see: `x = 2.5` in the code", []) == []
     assert describe((0.025, 0.5)) == ("2.5-50%", "{:.1%}")
 
 

@@ -14,8 +14,8 @@ notebook covers.
 ...              {"format rate": 0.925, "loss": 2.71})
 the text says 85-100% for format rate: this run 92.5%
 the text says 2.00-3.50 for loss: this run 2.71
->>> check_quoted({"loss": (2.0, 3.5, "{:.2f}")}, {"loss": [2.71, 3.02]})
-the text says 2.00-3.50 for loss: this run 2.71, 3.02
+>>> check_quoted({"loss": (2.0, 3.5, "{:.2f} nats")}, {"loss": [2.71, 3.02]})
+the text says 2.00-3.50 nats for loss: this run 2.71 nats, 3.02 nats
 >>> check_quoted({"documents": (7526, 7526, "{:,}"), "share": (0.0119, 0.0119)},
 ...              {"documents": 7526, "share": 0.0119})
 the text says 7,526 for documents: this run 7,526
@@ -42,7 +42,10 @@ def describe(quoted: Range) -> tuple[str, str]:
     """(the range as the text writes it, the format of a measured value)."""
     if len(quoted) == 3:
         low, high, fmt = quoted
-        return fmt.format(low) if low == high else f"{fmt.format(low)}-{fmt.format(high)}", fmt
+        number, _, unit = fmt.rpartition("}")          # "{:.2f} nats": the unit once
+        number += "}"
+        text = number.format(low) if low == high else f"{number.format(low)}-{number.format(high)}"
+        return text + unit, fmt
     low, high = quoted
     decimals = max(len(_bound(b).partition(".")[2]) for b in (low, high))
     text = f"{_bound(low)}%" if low == high else f"{_bound(low)}-{_bound(high)}%"

@@ -73,8 +73,9 @@ def uncovered(box: str, ranges: list[tuple]) -> list[str]:
     bounds = {_bound(b) for r in ranges if len(r) == 2 for b in r}
     numbers = [n for pair in RANGE.findall(box) for n in pair] + PERCENT.findall(box)
     missing = {n for n in numbers if f"{float(n):.4g}" not in bounds}
-    values = [float(b) * (1 if len(r) == 3 else scale) for r in ranges for b in r[:2]
-              for scale in (1, 100)]
+    # a decimal may be any bound: a formatted one as written, a rate's as a fraction or percent
+    values = [float(b) * scale for r in ranges for b in r[:2]
+              for scale in ((1,) if len(r) == 3 else (1, 100))]
     prose = re.sub(r"\$[^$]*\$", "", re.sub(r"`[^`]*`", "", box))    # code and maths: names
     for n in DECIMAL.findall(prose):
         tolerance = 0.5 * 10 ** -len(n.split(".")[1]) + 1e-12
@@ -89,7 +90,7 @@ def test_every_quoted_rate_is_a_checked_range(path):
     ranges = quoted_ranges(path)
     for box in boxes(path):
         missing = uncovered(box, ranges)
-        assert not missing, (f"{path.name}: the box {box[:60]!r}... quotes {missing} (%), "
+        assert not missing, (f"{path.name}: the box {box[:60]!r}... quotes {missing}, "
                              "which no QUOTED range of the notebook checks")
 
 

@@ -7,8 +7,8 @@ values. It prints both and fails (so nbval fails) the day the text and the code 
 A range is ``(low, high)`` for a rate, printed as percentages, or ``(low, high, "{:.2f}")``
 for any other number, printed with that format. A measured value may be a list (one figure
 for several models, or every step): every one must fall in the range.
-``tests/test_quoted.py`` reads every box and fails on a percentage no ``QUOTED`` range of its
-notebook covers.
+``tests/test_quoted.py`` reads every box and fails on a percentage or a decimal figure that no
+``QUOTED`` range of its notebook covers.
 
 >>> check_quoted({"format rate": (0.85, 1.0), "loss": (2.0, 3.5, "{:.2f}")},
 ...              {"format rate": 0.925, "loss": 2.71})

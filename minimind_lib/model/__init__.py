@@ -6,6 +6,9 @@
 * ``layers``: RMSNorm and the SwiGLU feed-forward;
 * ``moe``: the mixture-of-experts feed-forward and its load-balancing loss;
 * ``decoder``: the block, ``MiniMindForCausalLM``, the loss (``IGNORE_INDEX``), generation;
+* ``kv_cache``: the static KV cache (preallocated, written in place, rows of their own lengths);
+* ``generation``: batched decoding of prompts of different lengths (left padding, as
+  transformers), finished rows leaving the batch;
 * ``sampling``: temperature, top-k and top-p;
 * ``checkpoint``: model folders and training checkpoints; ``quantize``: int8 weight-only layers;
 * ``hf``: to and from ``transformers`` (``to_hf``, ``from_hf``, ``load_pretrained``): Llama for

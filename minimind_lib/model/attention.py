@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minimind_lib.model.config import MiniMindConfig
+from minimind_lib.model.kv_cache import CacheView
 from minimind_lib.model.layers import RMSNorm
 from minimind_lib.model.positions import alibi_bias, alibi_slopes, apply_rope
 
@@ -80,21 +81,28 @@ class Attention(nn.Module):
             self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)  # (H,)
 
     def forward(
-        self, x: Tensor, cos: Tensor | None, sin: Tensor | None, past: LayerCache | None = None
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None,
+        past: LayerCache | CacheView | None = None,
     ) -> tuple[Tensor, LayerCache]:
-        """``x`` (B, T, C); ``cos``/``sin`` (T, D) for the T new positions (None without RoPE);
-        ``past`` the cache of earlier positions.  Returns the output (B, T, C) and the cache
-        extended by T."""
+        """``x`` (B, T, C); ``cos``/``sin`` (T, D) for the T new positions, or (B, T, D) when
+        each row is at its own position (None without RoPE); ``past`` the keys and values of
+        earlier positions: a ``(k, v)`` pair (extended by concatenation) or a ``CacheView`` of a
+        ``StaticCache`` (written in place; rows of different lengths).  Returns the output
+        (B, T, C) and the keys and values up to the new positions."""
         B, T, _ = x.shape
         q, k, v = self._project(x, cos, sin)
-        if past is not None:
+        mask = positions = None
+        if isinstance(past, CacheView):
+            k, v = past.write(k, v)  # (B, Hkv, S, D): views of the static cache
+            mask, positions = past.mask, past.positions
+        elif past is not None:
             k = torch.cat((past[0], k), dim=2)  # (B, Hkv, Tk, D)
             v = torch.cat((past[1], v), dim=2)  # (B, Hkv, Tk, D)
         dropout = self.dropout if self.training else 0.0
         if self.use_sdpa:
-            y = self._sdpa(q, k, v, dropout)
+            y = self._sdpa(q, k, v, dropout, mask, positions)
         else:
-            y = self._manual(q, k, v, dropout)  # (B, H, T, D)
+            y = self._manual(q, k, v, dropout, mask, positions)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, C)
         return self.resid_dropout(self.o_proj(y)), (k, v)
 
@@ -118,33 +126,46 @@ class Attention(nn.Module):
             return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float,
+              mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         tq, tk = q.shape[2], k.shape[2]
         if self.position_encoding == "alibi":
-            bias = alibi_bias(self.slopes, tq, tk).to(q.dtype)  # (H, Tq, Tk), causal -inf in it
+            # (H, Tq, Tk), or (B, H, Tq, Tk) for rows at their own positions; causal -inf in it
+            bias = self._alibi(tq, tk, mask, positions).to(q.dtype)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=dropout,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )  # (B, H, T, D)
         # subtle: one new query sees every cached key (no mask); a prefill with no cache uses
         # is_causal; any other chunk needs the explicit bottom-right mask (see causal_mask).
-        mask = None if tq == 1 or tq == tk else causal_mask(tq, tk, q.device)
+        # Rows of a static cache at different lengths bring their own mask (B, 1, Tq, Tk).
+        if mask is None and tq > 1 and tq != tk:
+            mask = causal_mask(tq, tk, q.device)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=tq == tk and tq > 1,
+            q, k, v, attn_mask=mask, dropout_p=dropout,
+            is_causal=mask is None and tq == tk and tq > 1,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # (B, H, T, D)
 
-    def _manual(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+    def _manual(self, q: Tensor, k: Tensor, v: Tensor, dropout: float,
+                mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         n_rep = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Tk, D)
-        return self._weights(q, k, dropout) @ v  # (B, H, Tq, D)
+        return self._weights(q, k, dropout, mask, positions) @ v  # (B, H, Tq, D)
 
-    def _weights(self, q: Tensor, k: Tensor, dropout: float) -> Tensor:
+    def _alibi(self, tq: int, tk: int, mask: Tensor | None, positions: Tensor | None) -> Tensor:
+        if mask is None:
+            return alibi_bias(self.slopes, tq, tk)  # (H, Tq, Tk)
+        return alibi_bias(self.slopes, tq, tk, positions)  # (B, H, Tq, Tk)
+
+    def _weights(self, q: Tensor, k: Tensor, dropout: float, mask: Tensor | None = None,
+                 positions: Tensor | None = None) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
         if self.position_encoding == "alibi":
-            scores = scores.float() + alibi_bias(self.slopes, q.shape[2], k.shape[2])
+            scores = scores.float() + self._alibi(q.shape[2], k.shape[2], mask, positions)
         else:
-            mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (Tq, Tk)
+            if mask is None:
+                mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (Tq, Tk)
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk)
         return F.dropout(weights, p=dropout, training=dropout > 0)

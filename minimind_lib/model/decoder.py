@@ -11,7 +11,7 @@ layers, MiniMind's own ``model/model_minimind.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,10 +21,11 @@ from torch.utils.checkpoint import checkpoint
 
 from minimind_lib.model.attention import Attention, LayerCache
 from minimind_lib.model.config import MiniMindConfig
+from minimind_lib.model.generation import decode_stream
+from minimind_lib.model.kv_cache import CacheView, StaticCache
 from minimind_lib.model.layers import FeedForward, RMSNorm
 from minimind_lib.model.moe import MoEFeedForward
 from minimind_lib.model.positions import rope_tables
-from minimind_lib.model.sampling import sample_next_token
 
 #: The label of a position that gets no loss (``F.cross_entropy``'s ``ignore_index``): prompts
 #: and padding in SFT/DPO batches, the last position of every sequence in ``causal_lm_loss``.
@@ -43,7 +44,8 @@ class Block(nn.Module):
         self.mlp = MoEFeedForward(config) if config.use_moe else FeedForward(config)
 
     def forward(
-        self, x: Tensor, cos: Tensor | None, sin: Tensor | None, past: LayerCache | None = None
+        self, x: Tensor, cos: Tensor | None, sin: Tensor | None,
+        past: LayerCache | CacheView | None = None,
     ) -> tuple[Tensor, LayerCache]:
         a, cache = self.self_attn(self.input_layernorm(x), cos, sin, past)
         x = x + a  # (B, T, C)
@@ -91,10 +93,16 @@ class MiniMindModel(nn.Module):
         self.gradient_checkpointing = False  # see MiniMindForCausalLM.gradient_checkpointing_enable
 
     def forward(
-        self, input_ids: Tensor | None, past_key_values: list[LayerCache] | None = None,
+        self, input_ids: Tensor | None,
+        past_key_values: list[LayerCache] | StaticCache | None = None,
         inputs_embeds: Tensor | None = None,
-    ) -> tuple[Tensor, list[LayerCache]]:
+    ) -> tuple[Tensor, list[LayerCache] | StaticCache]:
         """``input_ids`` (B, T) → final hidden states (B, T, C) and the extended KV cache.
+
+        ``past_key_values``: None, the ``(k, v)`` pairs of every layer (extended by
+        concatenation: the cache notebook 02 builds), or a ``StaticCache`` (written in place,
+        each row at its own length: batched generation, ``model.generation``), which is
+        returned, advanced by T.
 
         ``inputs_embeds`` (B, T, C), given instead of ``input_ids`` (then None), replaces the
         token embeddings: a vision-language model's sequence with the image spliced in
@@ -104,27 +112,49 @@ class MiniMindModel(nn.Module):
             name = "input_ids must be (batch, seq_len)" if inputs_embeds is None else \
                 "inputs_embeds must be (batch, seq_len, hidden)"
             raise ValueError(f"{name}, got shape {tuple(given.shape)}")
-        if past_key_values is not None and len(past_key_values) != len(self.layers):
-            raise ValueError(f"past_key_values has {len(past_key_values)} layers, "
+        static = isinstance(past_key_values, StaticCache)
+        n_past = (past_key_values.num_layers if static else
+                  len(past_key_values) if past_key_values is not None else len(self.layers))
+        if n_past != len(self.layers):
+            raise ValueError(f"past_key_values has {n_past} layers, "
                              f"the model has {len(self.layers)}")
-        start = past_key_values[0][0].shape[2] if past_key_values else 0
-        end = start + given.shape[1]
+        T = given.shape[1]
+        if static:
+            positions = past_key_values.positions(T)  # (B, T): each row's own
+            mask = past_key_values.mask(positions)  # None when every row is equally long
+            start, end = int(positions[0, 0]), int(positions.max()) + 1
+            pasts = [past_key_values.layer(i, positions, mask) for i in range(len(self.layers))]
+        else:
+            start = past_key_values[0][0].shape[2] if past_key_values else 0
+            end, positions, mask = start + T, None, None
+            pasts = past_key_values or [None] * len(self.layers)
         self._check_inputs(input_ids if inputs_embeds is None else None, end)
-        cos, sin = (self.rope_cos[start:end], self.rope_sin[start:end]) if self.use_rope else (
-            None, None)  # (T, D) each
+        cos, sin = self._rope(start, T, positions if mask is not None else None)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         x = self.dropout(x)
         caches = []
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        for i, layer in enumerate(self.layers):
-            past = past_key_values[i] if past_key_values else None
+        for layer, past in zip(self.layers, pasts, strict=True):
             if recompute:
                 # keep only the block's input; rerun the block in backward (Chen et al. 2016)
                 x, cache = checkpoint(layer, x, cos, sin, past, use_reentrant=False)
             else:
                 x, cache = layer(x, cos, sin, past)
             caches.append(cache)
+        if static:
+            past_key_values.advance(T)
+            return self.norm(x), past_key_values
         return self.norm(x), caches
+
+    def _rope(self, start: int, T: int, positions: Tensor | None
+              ) -> tuple[Tensor | None, Tensor | None]:
+        """cos/sin of the new positions: (T, D) from ``start``, or (B, T, D) gathered at each
+        row's ``positions``; (None, None) without RoPE."""
+        if not self.use_rope:
+            return None, None
+        if positions is None:
+            return self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D)
+        return self.rope_cos[positions], self.rope_sin[positions]  # (B, T, D)
 
     def _check_inputs(self, input_ids: Tensor | None, end: int) -> None:
         vocab, max_pos = self.config.vocab_size, self.config.max_position_embeddings
@@ -259,38 +289,19 @@ class MiniMindForCausalLM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Iterator[Tensor]:
         """Yield the next token of every row, (B,) per step; arguments as in ``generate``.
 
-        Stops after ``max_new_tokens`` or once every row has produced ``eos_token_id``
-        (rows that finished earlier keep yielding ``eos_token_id``).
+        Stops after ``max_new_tokens`` or once every row has produced one of the
+        ``eos_token_id`` ids (rows that finished earlier keep yielding the first of them, and
+        are no longer computed). The loop is ``model.generation.decode_stream``.
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        total = input_ids.shape[1] + max_new_tokens
-        if total > self.config.max_position_embeddings:
-            raise ValueError(f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
-                             f"exceeds max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
-        seq, cache = input_ids, None
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for _ in range(max_new_tokens):
-            # with a cache only the newest token is fed; without one, the whole sequence again
-            fed = seq if cache is None else seq[:, -1:]
-            hidden, caches = self.model(fed, cache)  # (B, t, C)
-            cache = caches if use_cache else None
-            logits = self.lm_head(hidden[:, -1]).float()  # (B, V): only the last position
-            token = sample_next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-            if eos_token_id is not None:
-                token = token.masked_fill(finished, eos_token_id)
-                finished |= token == eos_token_id
-            yield token
-            if eos_token_id is not None and bool(finished.all()):
-                return
-            seq = torch.cat((seq, token[:, None]), dim=1)  # (B, T+1)
+        yield from decode_stream(self, input_ids, max_new_tokens, temperature, top_k, top_p,
+                                 eos_token_id, use_cache, generator, attention_mask)
 
     def generate(
         self,
@@ -299,23 +310,37 @@ class MiniMindForCausalLM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor:
         """Autoregressive decoding: returns (B, T + new) = prompt + generated tokens.
 
         ``temperature=0`` is greedy (``top_k``/``top_p`` are then irrelevant); otherwise
         logits are divided by ``temperature``, cut to the ``top_k`` best and to the smallest
         set with probability ≥ ``top_p``, then sampled (``generator`` for reproducibility).
-        ``use_cache=False`` recomputes the whole sequence each step (same tokens, slower).
+        ``use_cache=False`` recomputes the whole sequence each step (same tokens, slower); with
+        the cache (a ``StaticCache``, written in place) each step feeds one token a row.
 
-        Prompts in a batch must have equal length (no padding or attention mask support);
-        generation stops early once every row has emitted ``eos_token_id``, and rows that
-        finished first are filled with it.  Call ``model.eval()`` first if dropout > 0.
+        Prompts of different lengths go in one batch left-padded, with ``attention_mask`` 0 on
+        the padding (transformers' convention; ``model.generation.left_pad`` builds both): each
+        row's answer is the one its prompt gets alone. Generation stops early once every row
+        has emitted one of the ``eos_token_id`` ids; rows that finished first are filled with
+        the first of them.  Call ``model.eval()`` first if dropout > 0.
+
+        >>> _ = torch.manual_seed(0)
+        >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=16,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+        >>> from minimind_lib.model.generation import left_pad
+        >>> ids, mask = left_pad([[3, 4, 5], [6]])
+        >>> both = model.generate(ids, 4, temperature=0, attention_mask=mask)
+        >>> alone = model.generate(torch.tensor([[6]]), 4, temperature=0)
+        >>> both[1, 3:].tolist() == alone[0, 1:].tolist()
+        True
         """
         new = list(self.stream(input_ids, max_new_tokens, temperature, top_k, top_p,
-                               eos_token_id, use_cache, generator))
+                               eos_token_id, use_cache, generator, attention_mask))
         if not new:
             return input_ids
         return torch.cat((input_ids, torch.stack(new, dim=1)), dim=1)  # (B, T + new)

@@ -127,7 +127,8 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate queries or keys ``x`` (B, H, T, D) by position tables ``cos``/``sin`` (T, D).
+    """Rotate queries or keys ``x`` (B, H, T, D) by position tables ``cos``/``sin`` (T, D), or
+    (B, T, D) when each row has its own positions.
 
     Afterwards ``q_m · k_n`` depends on the positions only through ``m - n`` (notebook 03
     asserts it).
@@ -138,6 +139,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     True
     """
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.dim() == 3:  # (B, T, D): each row at its own positions
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
     return x * cos + rotate_half(x) * sin  # (B, H, T, D)
 
 
@@ -161,16 +164,24 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(slopes: Tensor, n_queries: int, n_keys: int) -> Tensor:
+def alibi_bias(slopes: Tensor, n_queries: int, n_keys: int,
+               query_positions: Tensor | None = None) -> Tensor:
     """ALiBi's additive attention bias, (H, Tq, Tk): ``-m_h · (i - j)`` for a query at
     position i and a key at j <= i, ``-inf`` for j > i (so it is also the causal mask).  The
-    queries are the last ``n_queries`` of the ``n_keys`` positions, as in ``causal_mask``.
+    queries are the last ``n_queries`` of the ``n_keys`` positions, as in ``causal_mask``,
+    unless ``query_positions`` (B, Tq) places each row's queries (rows of a static KV cache at
+    their own lengths); then the bias is (B, H, Tq, Tk).
 
     >>> alibi_bias(torch.tensor([0.5]), 2, 3)[0].tolist()
     [[-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]
+    >>> alibi_bias(torch.tensor([0.5]), 1, 3, torch.tensor([[1], [2]]))[:, 0, 0].tolist()
+    [[-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]
     """
-    q_pos = torch.arange(n_keys - n_queries, n_keys, device=slopes.device)  # (Tq,)
+    if query_positions is None:
+        q_pos = torch.arange(n_keys - n_queries, n_keys, device=slopes.device)  # (Tq,)
+    else:
+        q_pos = query_positions[:, None, :].to(slopes.device)  # (B, 1, Tq)
     k_pos = torch.arange(n_keys, device=slopes.device)  # (Tk,)
-    offset = (k_pos[None, :] - q_pos[:, None]).float()  # (Tq, Tk): j - i, <= 0 for the past
-    bias = slopes[:, None, None] * offset  # (H, Tq, Tk)
+    offset = (k_pos - q_pos[..., None]).float()  # (Tq, Tk) or (B, 1, Tq, Tk): j - i
+    bias = slopes[:, None, None] * offset  # (H, Tq, Tk) or (B, H, Tq, Tk)
     return bias.masked_fill(offset > 0, float("-inf"))

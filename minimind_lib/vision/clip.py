@@ -180,11 +180,14 @@ class EncoderAttention(Attention):
     """``model.attention.Attention`` without the causal mask: in a picture no patch comes "before"
     another, so every patch attends to every patch (ViT; the text side stays causal)."""
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float) -> Tensor:
+    # ``mask`` and ``positions`` come only with a static KV cache, which an encoder never has
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout: float,
+              mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
 
-    def _weights(self, q: Tensor, k: Tensor, dropout: float) -> Tensor:
+    def _weights(self, q: Tensor, k: Tensor, dropout: float, mask: Tensor | None = None,
+                 positions: Tensor | None = None) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk), no mask
         weights = F.softmax(scores.float(), dim=-1).to(q.dtype)
         return F.dropout(weights, p=dropout, training=dropout > 0)

@@ -9,7 +9,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny import tiny_model as shared_tiny_model
-from torch import nn
 
 from minimind_lib.data import DataFormatError
 from minimind_lib.evaluation.perplexity import perplexity
@@ -24,6 +23,7 @@ from minimind_lib.evaluation.questions import (
     prompt_messages,
     question_table,
     reference,
+    reply,
     score_answers,
     select_per_task,
     summarize,
@@ -73,37 +73,23 @@ def test_answer_format():
     assert not Answer("7<|im_start|>user", ended=True).follows_format  # wrote a role marker
 
 
-class ScriptedModel(nn.Module):
-    """Replies with fixed token lists through ``stream``, as MiniMindForCausalLM does:
-    one (B,) tensor per step, finished rows padded with ``eos_token_id``."""
-
-    def __init__(self, replies: dict[int, list[int]]):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(1))
-        self.replies = replies  # prompt length -> reply tokens
-        self.calls = []
-
-    def stream(self, input_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-               eos_token_id=None, use_cache=True, generator=None):
-        assert temperature == 0  # greedy
-        self.calls.append(input_ids.shape)
-        reply = self.replies[input_ids.shape[1]]
-        for k in range(max_new_tokens):
-            yield torch.full((input_ids.shape[0],), reply[k] if k < len(reply) else eos_token_id)
-
-
-def test_generate_answers_cuts_at_the_end_of_turn_and_flags_the_format():
-    questions = ["a", "a much longer question than that", "a much longer question than this"]
-    lengths = [len(encode_chat(TOK, [{"role": "user", "content": q}], True)) for q in questions]
-    assert lengths[1] == lengths[2] != lengths[0]
+def test_reply_cuts_at_the_first_stop_and_flags_the_end_of_turn():
     li = TOK.encode("李白")
-    model = ScriptedModel({lengths[0]: li + [IM_END, 9, 9], lengths[1]: li + [EOT, 9]})
-    answers = generate_answers(model, TOK, questions, max_new_tokens=10, progress=False)
-    assert answers[0] == Answer("李白", ended=True)
-    assert answers[1] == answers[2] == Answer("李白", ended=False)  # <|endoftext|> is no turn end
-    assert sorted(tuple(s) for s in model.calls) == sorted([(1, lengths[0]), (2, lengths[1])])
-    cut = generate_answers(model, TOK, questions[:1], max_new_tokens=len(li), progress=False)
-    assert cut == [Answer("李白", ended=False)]  # the budget ran out before <|im_end|>
+    assert reply(TOK, li + [IM_END, 9, 9]) == (li + [IM_END], Answer("李白", ended=True))
+    # <|endoftext|> ends the row but is no turn end
+    assert reply(TOK, li + [EOT, 9]) == (li + [EOT], Answer("李白", ended=False))
+    assert reply(TOK, li) == (li, Answer("李白", ended=False))  # the budget ran out
+
+
+def test_generate_answers_stops_at_the_budget():
+    model, questions = tiny_model(), ["1 + 1?", "hello there", "你好"]
+    full = generate_answers(model, TOK, questions, 12, progress=False)
+    one = generate_answers(model, TOK, questions, 1, progress=False)
+    for a, b in zip(full, one, strict=True):
+        first = TOK.encode(a.text)[:1] if a.text else []
+        assert b.text == TOK.decode(first) and (b.ended == (a.ended and not a.text))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate_answers(model, TOK, questions, 0, progress=False)
 
 
 def test_generate_answers_batched_equals_one_at_a_time_and_model_generate():

@@ -16,7 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
-from minimind_lib.model.generation import Decoding, left_pad, unpad
+from minimind_lib.model.generation import (
+    ContinuousBatch,
+    Decoding,
+    Row,
+    generate_many,
+    left_pad,
+    unpad,
+)
 from minimind_lib.model.kv_cache import StaticCache
 
 VOCAB = 48
@@ -66,7 +73,7 @@ def test_batched_greedy_for_moe_and_minimind3(kind):
 def test_static_cache_logits_equal_the_concatenating_cache_and_no_cache():
     model = tiny(seed=1)
     prompts = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([3, 2])]
-    decoding = Decoding(model, capacity=12)
+    decoding = Decoding(model, capacity=12, max_batch=2)
     logits = decoding.prefill(prompts)  # (2, V)
     for row, prompt in enumerate(prompts):
         full = model(prompt[None]).logits[0, -1]
@@ -83,7 +90,7 @@ def test_static_cache_logits_equal_the_concatenating_cache_and_no_cache():
 
 def test_static_cache_writes_in_place_without_growing():
     model = tiny()
-    decoding = Decoding(model, capacity=16)
+    decoding = Decoding(model, capacity=16, max_batch=1)
     decoding.prefill([torch.tensor([1, 2, 3])])
     keys = decoding.cache.keys[0]
     pointer = keys.data_ptr()
@@ -92,6 +99,27 @@ def test_static_cache_writes_in_place_without_growing():
     assert decoding.cache.keys[0].data_ptr() == pointer  # the same storage, written in place
     assert decoding.cache.lengths.tolist() == [5]
     assert keys.shape[2] == 16
+
+
+def test_rows_leave_and_join_in_place():
+    model = tiny(seed=7)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    decoding = Decoding(model, capacity=20, max_batch=4)
+    tokens = decoding.prefill([torch.tensor(p) for p in prompts]).argmax(-1)
+    storage = decoding.cache.keys[0].data_ptr()
+    got = {i: [int(t)] for i, t in enumerate(tokens)}
+    rows = torch.arange(4)
+    for step in range(6):
+        if step == 2:  # rows 0 and 2 finish: the last kept row moves into a hole
+            order = decoding.drop(torch.tensor([True, False, True, False]))
+            rows, tokens = rows[order], tokens[order]
+        tokens = decoding.step(tokens).argmax(-1)
+        for row, t in zip(rows.tolist(), tokens.tolist(), strict=True):
+            got[row].append(t)
+    assert decoding.cache.keys[0].data_ptr() == storage  # no reallocation
+    assert rows.tolist() == [3, 1]
+    for row in (1, 3):
+        assert got[row] == alone(model, prompts[row], 7)
 
 
 def test_finished_rows_leave_and_the_rest_continue_unchanged():
@@ -121,7 +149,7 @@ def test_stream_stops_at_any_of_several_stop_ids_and_when_all_rows_stop():
 def test_rows_that_join_a_running_batch_decode_as_alone():
     model = tiny(seed=5)
     first, late = [1, 2, 3, 4], [9, 8]
-    decoding = Decoding(model, capacity=24)
+    decoding = Decoding(model, capacity=24, max_batch=2)
     token = decoding.prefill([torch.tensor(first)]).argmax(-1)
     got_first = [int(token)]
     for _ in range(3):
@@ -152,6 +180,7 @@ def test_cache_capacity_and_context_are_enforced():
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model.generate(torch.tensor([[1] * 90]), 10, temperature=0)
     cache = StaticCache(num_layers=2, capacity=3)
+    cache.lengths = torch.zeros(1, dtype=torch.long)
     with pytest.raises(ValueError, match="holds 3 positions"):
         model.model(torch.tensor([[1, 2, 3, 4]]), cache)
 
@@ -164,3 +193,48 @@ def test_sampled_batches_are_reproducible_with_a_generator():
     b = model.generate(ids, 8, temperature=1.0, top_k=10, attention_mask=mask,
                        generator=torch.Generator().manual_seed(7))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 64])
+def test_generate_many_refills_the_batch_and_keeps_every_answer(batch_size):
+    model = tiny(seed=8)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, VOCAB, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 15, (11,), generator=g)]
+    expected = [alone(model, p, 9) for p in prompts]
+    stop = expected[0][4]
+    got = generate_many(model, prompts, 9, eos_token_id=stop, batch_size=batch_size)
+    for answer, full in zip(got, expected, strict=True):
+        cut = full.index(stop) + 1 if stop in full else len(full)
+        assert answer == full[:cut]
+
+
+def test_rows_with_their_own_sampling_settings_match_a_lone_request():
+    """The server's case: a greedy row and a seeded sampled row in one batch each answer as they
+    would alone (the sampled row draws from its own generator)."""
+    model = tiny(seed=9)
+    batch = ContinuousBatch(model, capacity=30, max_batch=2)
+    greedy = batch.submit(Row(torch.tensor([1, 2, 3]), 8))
+    sampled = batch.submit(Row(torch.tensor([5]), 8, temperature=1.0, top_k=5,
+                               generator=torch.Generator().manual_seed(3)))
+    while batch.busy:
+        batch.step()
+    assert greedy.tokens == alone(model, [1, 2, 3], 8)
+    lone = model.generate(torch.tensor([[5]]), 8, temperature=1.0, top_k=5,
+                          generator=torch.Generator().manual_seed(3))[0, 1:].tolist()
+    assert sampled.tokens == lone
+    assert greedy.finish_reason == sampled.finish_reason == "length"
+
+
+def test_a_cancelled_row_leaves_at_the_next_step():
+    model = tiny(seed=10)
+    batch = ContinuousBatch(model, capacity=30, max_batch=2)
+    keep = batch.submit(Row(torch.tensor([1, 2]), 10))
+    gone = batch.submit(Row(torch.tensor([3]), 10))
+    batch.step()
+    gone.finish_reason = "cancelled"
+    while batch.busy:
+        batch.step()
+    assert len(gone.tokens) == 1 and keep.tokens == alone(model, [1, 2], 10)
+    with pytest.raises(ValueError, match="capacity"):
+        batch.submit(Row(torch.tensor([1] * 25), 10))

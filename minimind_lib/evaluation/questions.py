@@ -33,11 +33,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from minimind_lib import DATA_DIR
 from minimind_lib.data.readers import DataFormatError, read_jsonl
-from minimind_lib.evaluation.perplexity import _device
+from minimind_lib.model.generation import generate_many
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END, SPECIAL_TOKENS
@@ -135,6 +134,26 @@ def _as_messages(question: str | Sequence[dict]) -> list[dict]:
     return [{"role": "user", "content": question}] if isinstance(question, str) else list(question)
 
 
+def reply(tokenizer: BPETokenizer, response: Sequence[int]) -> tuple[list[int], Answer]:
+    """Cut generated ids at the first stop token (kept) and decode the reply before it; the
+    reply has ended when that token is ``<|im_end|>``: what ``generate_answers`` and the RL
+    samplers (``training.rollout``) keep of a generated row.
+
+    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
+    >>> tok = load_tokenizer()
+    >>> ids = tok.encode("7") + [tok.token_to_id("<|im_end|>"), 99, 98]
+    >>> kept, answer = reply(tok, ids)
+    >>> len(kept), answer
+    (2, Answer(text='7', ended=True))
+    """
+    stops = (tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT))
+    stop = next((k for k, t in enumerate(response) if t in stops), None)
+    if stop is None:
+        return list(response), Answer(tokenizer.decode(list(response)), ended=False)
+    return list(response[:stop + 1]), Answer(tokenizer.decode(list(response[:stop])),
+                                             ended=response[stop] == stops[0])
+
+
 @torch.inference_mode()
 def generate_answers(model: nn.Module, tokenizer: BPETokenizer,
                      questions: Sequence[str | Sequence[dict]], max_new_tokens: int = 64, *,
@@ -142,41 +161,18 @@ def generate_answers(model: nn.Module, tokenizer: BPETokenizer,
     """Greedy replies to ``questions`` (a user message, or a conversation ending with one),
     rendered with the chat template plus the generation prompt ``<|im_start|>assistant\\n``.
 
-    ``model.generate`` has no padding mask, so prompts of equal token length are batched
-    together (in chunks of ``batch_size``): each reply is what the model says to that prompt
-    alone. A batch stops once every row has ended (``<|im_end|>`` or ``<|endoftext|>``).
+    Up to ``batch_size`` prompts of any lengths decode together, and a finished reply's place
+    goes to the next question (``model.generation.generate_many``): each reply is what the
+    model says to that prompt alone. A reply stops at ``<|im_end|>`` or ``<|endoftext|>``.
     """
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
     end_turn, end_text = tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT)
     prompts = [encode_chat(tokenizer, _as_messages(q), add_generation_prompt=True)
                for q in questions]
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_length[len(p)].append(i)
-    batches = [idx[k:k + batch_size] for _, idx in sorted(by_length.items())
-               for k in range(0, len(idx), batch_size)]
-    device, was_training = _device(model), model.training
-    model.eval()
-    answers: list[Answer | None] = [None] * len(prompts)
-    bar = tqdm(total=len(prompts), desc="answer", disable=not progress)
-    for idx in batches:
-        ids = torch.tensor([prompts[i] for i in idx], device=device)  # (B, T)
-        steps, done = [], torch.zeros(len(idx), dtype=torch.bool, device=device)
-        for token in model.stream(ids, max_new_tokens, temperature=0, eos_token_id=end_turn):
-            steps.append(token)  # (B,)
-            done |= (token == end_turn) | (token == end_text)
-            if bool(done.all()):
-                break
-        new = torch.stack(steps, dim=1).tolist()  # (B, new)
-        for i, row in zip(idx, new, strict=True):
-            stop = next((k for k, t in enumerate(row) if t in (end_turn, end_text)), len(row))
-            ended = stop < len(row) and row[stop] == end_turn
-            answers[i] = Answer(tokenizer.decode(row[:stop]), ended)
-        bar.update(len(idx))
-    bar.close()
-    model.train(was_training)
-    return answers
+    replies = generate_many(model, prompts, max_new_tokens, eos_token_id=[end_turn, end_text],
+                            batch_size=batch_size, progress=progress, desc="answer")
+    return [reply(tokenizer, row)[1] for row in replies]
 
 
 # --- scores ------------------------------------------------------------------------------

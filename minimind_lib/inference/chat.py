@@ -2,9 +2,10 @@
 
 Two layers over ``MiniMindForCausalLM.stream`` (the one generation loop):
 
-* ``TextStream``: token ids → text chunks.  A token may hold part of a UTF-8 character
-  (byte-level BPE), so bytes go through an incremental UTF-8 decoder and a chunk is emitted
-  only once its characters are complete.  Stops at a stop token (``<|im_end|>`` in chat).
+* ``TextStream``: token ids → text chunks (``ReplyText``).  A token may hold part of a UTF-8
+  character (byte-level BPE), so bytes go through an incremental UTF-8 decoder and a chunk is
+  emitted only once its characters are complete.  Stops at a stop token (``<|im_end|>`` in
+  chat). The server's batched engine feeds a ``ReplyText`` per request the same way.
 * ``ChatSession``: a conversation in MiniMind's ChatML (``python -m minimind_lib chat``).
 
 ``minimind_lib.inference.serve`` puts the same streams behind an OpenAI-compatible HTTP API.
@@ -104,8 +105,53 @@ def stop_ids(tokenizer: BPETokenizer, tokens: Sequence[str] = STOP_TOKENS) -> se
     return {tokenizer.vocab[t] for t in tokens if t in tokenizer.vocab}
 
 
-class TextStream:
-    """Generate from ``prompt_ids`` and iterate over the new text, chunk by chunk.
+class ReplyText:
+    """One reply's token ids → its text, chunk by chunk: a token may hold part of a UTF-8
+    character (byte-level BPE), so bytes go through an incremental UTF-8 decoder and a chunk is
+    given out once its characters are complete. A stop token ends the reply and adds no text.
+
+    ``text`` holds the reply so far, ``completion_tokens`` the tokens pushed (a stop token
+    included) and ``finish_reason`` "stop" (a stop token), or what ``end`` was told: "length"
+    (the budget ran out) or "cancelled" (the client went away), as in the OpenAI API.
+
+    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
+    >>> tok = load_tokenizer()
+    >>> reply = ReplyText(tok, stop={tok.token_to_id("<|im_end|>")})
+    >>> [reply.push(t) for t in tok.encode("猫咪")], reply.finish_reason  # 2 tokens a character
+    (['', '猫', '', '咪'], None)
+    >>> reply.push(tok.token_to_id("<|im_end|>")), reply.end("length"), reply.finish_reason
+    ('', '', 'stop')
+    """
+
+    def __init__(self, tokenizer: BPETokenizer, stop: set[int] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop_ids(tokenizer) if stop is None else stop
+        self.text, self.completion_tokens, self.finish_reason = "", 0, None
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        """The text one more token completes ('' while a character is unfinished)."""
+        self.completion_tokens += 1
+        if token_id in self.stop:
+            self.finish_reason = "stop"
+            return ""
+        chunk = self._utf8.decode(self.tokenizer.token_bytes(token_id))
+        self.text += chunk
+        return chunk
+
+    def end(self, reason: str) -> str:
+        """Close the reply (``finish_reason`` becomes ``reason`` unless a stop token ended it);
+        returns the text of an unfinished last character (U+FFFD), usually ''."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        tail = self._utf8.decode(b"", final=True)
+        self.text += tail
+        return tail
+
+
+class TextStream(ReplyText):
+    """Generate from ``prompt_ids`` and iterate over the new text, chunk by chunk (a
+    ``ReplyText`` fed by ``model.stream``).
 
     Afterwards ``text`` holds the whole answer, ``completion_tokens`` how many tokens were
     generated (the stop token included) and ``finish_reason`` is "stop" (a stop token) or
@@ -117,54 +163,54 @@ class TextStream:
                  params: SamplingParams, stop: set[int] | None = None,
                  cancelled: Callable[[], bool] = lambda: False,
                  pixel_values: torch.Tensor | None = None) -> None:
-        if len(prompt_ids) == 0:
-            raise ValueError("the prompt is empty (no tokens)")
-        total, limit = len(prompt_ids) + params.max_new_tokens, context_length(model)
-        if total > limit:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
-                             f"({params.max_new_tokens}) = {total} exceeds the model's context "
-                             f"of {limit} tokens")
-        self.model, self.tokenizer, self.params = model, tokenizer, params
+        check_budget(model, prompt_ids, params)
+        super().__init__(tokenizer, stop)
+        self.model, self.params = model, params
         self.prompt_ids = list(prompt_ids)
-        self.stop = stop_ids(tokenizer) if stop is None else stop
         self.cancelled = cancelled
         self.pixel_values = pixel_values  # a VLM's picture (vlm.VisionLanguageModel.stream)
-        self.text, self.completion_tokens, self.finish_reason = "", 0, None
 
     def __iter__(self) -> Iterator[str]:
         device = model_device(self.model)
         p = self.params
-        generator = None
-        if p.seed is not None:
-            generator = torch.Generator(device).manual_seed(p.seed)
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         ids = torch.tensor([self.prompt_ids], device=device)  # (1, T)
         self.model.eval()
         picture = ({} if self.pixel_values is None
                    else {"pixel_values": self.pixel_values.to(device)})
         steps = self.model.stream(ids, p.max_new_tokens, p.temperature, p.top_k, p.top_p,
-                                  generator=generator, **picture)
-        self.finish_reason = "length"
+                                  generator=seeded_generator(p.seed, device), **picture)
         try:
             for token in steps:  # (1,)
-                token_id = int(token[0])
-                self.completion_tokens += 1
-                if token_id in self.stop:
-                    self.finish_reason = "stop"
-                    break
-                chunk = utf8.decode(self.tokenizer.token_bytes(token_id))
+                chunk = self.push(int(token[0]))
                 if chunk:  # empty while a multi-byte character is incomplete
-                    self.text += chunk
                     yield chunk
+                if self.finish_reason is not None:
+                    break
                 if self.cancelled():
                     self.finish_reason = "cancelled"
                     break
         finally:
             steps.close()
-        tail = utf8.decode(b"", final=True)  # an unfinished character becomes U+FFFD
+        tail = self.end("length")
         if tail:
-            self.text += tail
             yield tail
+
+
+def check_budget(model: nn.Module, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+    """A ``ValueError`` for an empty prompt, or one that leaves no room for ``max_new_tokens``
+    in the model's context."""
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty (no tokens)")
+    total, limit = len(prompt_ids) + params.max_new_tokens, context_length(model)
+    if total > limit:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+                         f"({params.max_new_tokens}) = {total} exceeds the model's context "
+                         f"of {limit} tokens")
+
+
+def seeded_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A generator on ``device`` seeded with ``seed`` (None: the global RNG)."""
+    return None if seed is None else torch.Generator(device).manual_seed(seed)
 
 
 def complete(model: nn.Module, tokenizer: BPETokenizer, prompt_ids: Sequence[int],

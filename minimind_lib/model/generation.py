@@ -22,10 +22,14 @@ drops finished rows. ``decode_stream`` is ``MiniMindForCausalLM.stream`` on top 
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from minimind_lib.model.kv_cache import StaticCache
 from minimind_lib.model.sampling import sample_next_token
@@ -72,33 +76,38 @@ def right_pad(rows: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 class Decoding:
-    """The state of a batch being decoded: a ``StaticCache`` and which rows are in it.
+    """The state of a batch being decoded: a ``StaticCache`` and the rows in it.
 
-    ``capacity`` is the most positions any row will need (its prompt plus its new tokens).
-    The model must be a ``MiniMindForCausalLM`` (its trunk ``model.model`` and ``lm_head``).
+    ``capacity`` is the most positions any row will need (its prompt plus its new tokens),
+    ``max_batch`` the most rows at once. The model must be a ``MiniMindForCausalLM`` (its trunk
+    ``model.model`` and ``lm_head``).
     """
 
-    def __init__(self, model: nn.Module, capacity: int) -> None:
+    def __init__(self, model: nn.Module, capacity: int, max_batch: int) -> None:
         limit = model.config.max_position_embeddings
         if capacity > limit:
             raise ValueError(f"{capacity} positions exceed max_position_embeddings ({limit})")
         self.model, self.capacity = model, capacity
-        self.cache: StaticCache | None = None
+        self.cache = StaticCache(len(model.model.layers), capacity, max_batch)
 
     @property
     def size(self) -> int:
         """Rows in the batch."""
-        return 0 if self.cache is None else self.cache.batch
+        return self.cache.batch
 
     def prefill(self, prompts: Sequence[Tensor]) -> Tensor:
         """Read new prompts (1-D token tensors) and add their rows after the current ones;
         returns the logits of each prompt's next token (n, V), fp32."""
         ids, lengths = right_pad(prompts)  # (n, T)
-        cache = StaticCache(len(self.model.model.layers), self.capacity, batch=len(prompts))
-        hidden, _ = self.model.model(ids, cache)  # (n, T, C)
-        cache.lengths = lengths  # the padding's keys stay beyond each row's length, unread
+        if int(lengths.max()) >= self.capacity:
+            raise ValueError(f"a prompt of {int(lengths.max())} tokens leaves no room in a "
+                             f"cache of {self.capacity} positions")
+        fresh = StaticCache(self.cache.num_layers, ids.shape[1], max_batch=len(prompts))
+        fresh.lengths = torch.zeros(len(prompts), dtype=torch.long, device=ids.device)
+        hidden, _ = self.model.model(ids, fresh)  # (n, T, C)
+        fresh.lengths = lengths  # the padding's keys lie beyond each row's length, unread
+        self.cache.append(fresh)
         last = hidden[torch.arange(len(prompts), device=ids.device), lengths - 1]  # (n, C)
-        self.cache = cache if self.cache is None else self.cache.join(cache)
         return self.model.lm_head(last).float()  # (n, V)
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -106,12 +115,10 @@ class Decoding:
         hidden, _ = self.model.model(tokens[:, None], self.cache)  # (B, 1, C)
         return self.model.lm_head(hidden[:, -1]).float()  # (B, V)
 
-    def keep(self, rows: Tensor) -> None:
-        """Keep only ``rows`` (a boolean mask (B,) or indices), in order: finished rows leave
-        and are no longer computed."""
-        if rows.dtype == torch.bool:
-            rows = rows.nonzero().flatten()
-        self.cache = self.cache.select(rows)
+    def drop(self, finished: Tensor) -> Tensor:
+        """Remove the rows where ``finished`` (B,) is True: they are no longer computed. Returns
+        the old index of each remaining row, in the new order (``StaticCache.drop``)."""
+        return self.cache.drop(finished)
 
 
 def _last_logits(model: nn.Module, rows: Sequence[Tensor]) -> Tensor:
@@ -122,11 +129,133 @@ def _last_logits(model: nn.Module, rows: Sequence[Tensor]) -> Tensor:
     return model.lm_head(last).float()
 
 
-def stop_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor:
-    """The stop ids as a 1-D tensor (empty: no stop)."""
-    ids = [] if eos_token_id is None else (
-        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
-    return torch.tensor(ids, dtype=torch.long, device=device)
+@dataclass(eq=False)
+class Row:
+    """One prompt being answered in a ``ContinuousBatch``: its budget, stop ids and sampling
+    settings; ``tokens`` grows by one per step (a stop id included) until ``finish_reason`` is
+    "stop", "length", or "cancelled" (set by whoever owns the row: a client that left)."""
+
+    prompt: Tensor  # (T,) token ids
+    max_new_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def sampling(self) -> tuple:
+        return self.temperature, self.top_k, self.top_p, self.generator
+
+
+class ContinuousBatch:
+    """Rows that decode together; new rows join between steps as others finish (continuous
+    batching, Yu et al. 2022, "Orca"). Rows wait in ``submit`` order; they join once
+    ``min_join`` slots are free (or all the waiting ones fit), prefilled together.
+
+    ``use_cache=False`` recomputes every row from its first token at each step (the same
+    tokens, slowly: notebook 08's comparison).
+    """
+
+    def __init__(self, model: nn.Module, capacity: int, max_batch: int, *,
+                 use_cache: bool = True, min_join: int = 1) -> None:
+        self.model, self.capacity, self.max_batch = model, capacity, max_batch
+        self.min_join = max(1, min(min_join, max_batch))
+        self.decoding = Decoding(model, capacity, max_batch) if use_cache else None
+        self.device = next(itertools.chain(model.parameters(), model.buffers())).device
+        self.rows: list[Row] = []  # decoding now, in the cache's slot order
+        self.waiting: deque[Row] = deque()
+
+    def submit(self, row: Row) -> Row:
+        """Queue ``row``; it joins at a coming ``step``."""
+        if row.max_new_tokens < 1 or len(row.prompt) == 0:
+            raise ValueError("a row needs a prompt and max_new_tokens >= 1")
+        if len(row.prompt) + row.max_new_tokens > self.capacity:
+            raise ValueError(f"prompt ({len(row.prompt)}) + max_new_tokens "
+                             f"({row.max_new_tokens}) exceeds the batch's capacity "
+                             f"({self.capacity} positions)")
+        row.prompt = row.prompt.to(self.device)
+        self.waiting.append(row)
+        return row
+
+    @property
+    def busy(self) -> bool:
+        """Rows decoding or waiting."""
+        return bool(self.rows or self.waiting)
+
+    def step(self) -> list[tuple[Row, int]]:
+        """One token for every row: the next one of the running rows, the first one of the rows
+        that join now. Returns ``(row, token)`` pairs; rows that finish (a stop id, their budget)
+        leave the batch, and so do rows cancelled since the last step."""
+        self._leave([r.finish_reason is not None for r in self.rows])
+        logits = []
+        if self.rows:
+            if self.decoding is None:
+                logits.append(_last_logits(self.model, [torch.cat((
+                    r.prompt, torch.tensor(r.tokens, device=self.device))) for r in self.rows]))
+            else:
+                fed = torch.tensor([r.tokens[-1] for r in self.rows], device=self.device)  # (B,)
+                logits.append(self.decoding.step(fed))
+        joining = self._joining()
+        if joining:
+            prompts = [r.prompt for r in joining]
+            logits.append(_last_logits(self.model, prompts) if self.decoding is None
+                          else self.decoding.prefill(prompts))
+            self.rows += joining
+        if not self.rows:
+            return []
+        emitted = list(zip(self.rows, self._pick(torch.cat(logits)).tolist(), strict=True))
+        for row, token in emitted:
+            row.tokens.append(token)
+            if token in row.stop_ids:
+                row.finish_reason = "stop"
+            elif len(row.tokens) >= row.max_new_tokens:
+                row.finish_reason = "length"
+        self._leave([r.finish_reason is not None for r in self.rows])
+        return emitted
+
+    def _joining(self) -> list[Row]:
+        while self.waiting and self.waiting[0].finish_reason is not None:  # cancelled waiting
+            self.waiting.popleft()
+        free = self.max_batch - len(self.rows)
+        if not self.waiting or free < min(len(self.waiting), self.min_join):
+            return []
+        joining = []
+        while self.waiting and len(joining) < free:
+            row = self.waiting.popleft()
+            if row.finish_reason is None:
+                joining.append(row)
+        return joining
+
+    def _leave(self, finished: list[bool]) -> None:
+        if not any(finished):
+            return
+        if self.decoding is None:
+            order = [i for i, f in enumerate(finished) if not f]
+        else:
+            order = self.decoding.drop(torch.tensor(finished, device=self.device)).tolist()
+        self.rows = [self.rows[i] for i in order]
+
+    def _pick(self, logits: Tensor) -> Tensor:
+        """The next token of each row (B,) from ``logits`` (B, V): one call for all rows when they
+        share their sampling settings (and generator), else row by row."""
+        first = self.rows[0].sampling()
+        if all(r.sampling() == first for r in self.rows):
+            return sample_next_token(logits, *first)
+        return torch.cat([sample_next_token(logits[i:i + 1], *r.sampling())
+                          for i, r in enumerate(self.rows)])
+
+
+def stop_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    """The stop ids as a set (empty: no stop).
+
+    >>> sorted(stop_set(2)), sorted(stop_set([2, 0])), stop_set(None)
+    ([2], [0, 2], frozenset())
+    """
+    if eos_token_id is None:
+        return frozenset()
+    return frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
 
 
 @torch.no_grad()
@@ -143,38 +272,70 @@ def decode_stream(model: nn.Module, input_ids: Tensor, max_new_tokens: int,
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    rows = unpad(input_ids, attention_mask)
-    longest = max(len(r) for r in rows)
+    prompts = unpad(input_ids, attention_mask)
+    longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > model.config.max_position_embeddings:
         raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"max_position_embeddings ({model.config.max_position_embeddings})")
     if max_new_tokens == 0:
         return
-    device = input_ids.device
-    stops = stop_tensor(eos_token_id, device)
-    fill = int(stops[0]) if len(stops) else 0
-    active = torch.arange(len(rows), device=device)  # the input row of each row still going
-    if use_cache:
-        decoding = Decoding(model, longest + max_new_tokens)
-        logits = decoding.prefill(rows)  # (B, V)
-    else:
-        logits = _last_logits(model, rows)
-    for step in range(max_new_tokens):
-        chosen = sample_next_token(logits, temperature, top_k, top_p, generator)  # (A,)
-        token = torch.full((len(rows),), fill, dtype=torch.long, device=device)
-        token[active] = chosen
+    stops = stop_set(eos_token_id)
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [0])
+    fill = ids[0]  # what a finished row yields
+    batch = ContinuousBatch(model, longest + max_new_tokens, len(prompts), use_cache=use_cache)
+    rows = [batch.submit(Row(p, max_new_tokens, stops, temperature, top_k, top_p, generator))
+            for p in prompts]
+    where = {id(row): i for i, row in enumerate(rows)}
+    while batch.busy:
+        token = torch.full((len(rows),), fill, dtype=torch.long, device=input_ids.device)
+        for row, t in batch.step():
+            token[where[id(row)]] = t
         yield token  # (B,)
-        going = ~torch.isin(chosen, stops)  # (A,)
-        if step == max_new_tokens - 1 or not bool(going.any()):
-            return
-        if not bool(going.all()):  # finished rows leave the batch
-            active, chosen = active[going], chosen[going]
-            if use_cache:
-                decoding.keep(going)
-            else:
-                rows = [r for r, g in zip(rows, going.tolist(), strict=True) if g]
-        if use_cache:
-            logits = decoding.step(chosen)
-        else:
-            rows = [torch.cat((r, t[None])) for r, t in zip(rows, chosen, strict=True)]
-            logits = _last_logits(model, rows)
+
+
+@torch.no_grad()
+def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                  eos_token_id: int | Sequence[int] | None = None, batch_size: int = 64,
+                  temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, generator: torch.Generator | None = None,
+                  progress: bool = False, desc: str = "generate") -> list[list[int]]:
+    """The new tokens of every prompt (a stop id, when one ended it, included), in prompt order.
+
+    Up to ``batch_size`` rows decode at once; as rows finish, the next prompts take their
+    places (``ContinuousBatch``; longest prompts first, so a prefill pads little). The model runs
+    in eval mode and is put back as it was.
+
+    >>> _ = torch.manual_seed(0)
+    >>> from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+    >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=16,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    >>> out = generate_many(model, [[1, 2, 3], [4]], 3, batch_size=1)
+    >>> out[1] == model.generate(torch.tensor([[4]]), 3, temperature=0)[0, 1:].tolist()
+    True
+    """
+    if not prompts:
+        return []
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueError(f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens} "
+                         f"and {batch_size}")
+    capacity = max(len(p) for p in prompts) + max_new_tokens
+    if capacity > model.config.max_position_embeddings:
+        raise ValueError(f"the longest prompt + max_new_tokens ({capacity}) exceeds "
+                         f"max_position_embeddings ({model.config.max_position_embeddings})")
+    was_training = model.training
+    model.eval()
+    batch = ContinuousBatch(model, capacity, min(batch_size, len(prompts)),
+                            min_join=max(1, batch_size // 8))
+    stops = stop_set(eos_token_id)
+    rows = [Row(torch.as_tensor(list(p), dtype=torch.long), max_new_tokens, stops, temperature,
+                top_k, top_p, generator) for p in prompts]
+    for i in sorted(range(len(rows)), key=lambda i: -len(prompts[i])):
+        batch.submit(rows[i])
+    bar = tqdm(total=len(rows), desc=desc, disable=not progress)
+    try:
+        while batch.busy:
+            bar.update(sum(row.finish_reason is not None for row, _ in batch.step()))
+    finally:
+        bar.close()
+        model.train(was_training)
+    return [row.tokens for row in rows]

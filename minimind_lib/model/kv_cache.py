@@ -1,21 +1,24 @@
 """A static KV cache for batched decoding (notebook 08): every layer's keys and values live in
-one preallocated ``(B, Hkv, capacity, D)`` tensor each, written in place, one new position per
-step, instead of a new, one-longer tensor per token (``torch.cat`` copies the whole cache every
-step: quadratic work over a long answer).
+one preallocated ``(max_batch, Hkv, capacity, D)`` tensor each, written in place, one new
+position per step, instead of a new, one-longer tensor per token (``torch.cat`` copies the
+whole cache every step: quadratic work over a long answer).
 
 Each row keeps its own length, so prompts of different lengths decode side by side: row ``b``
 holds its tokens at positions ``0 .. lengths[b] - 1`` and writes its next one at
 ``lengths[b]``. A query at position ``p`` reads the keys ``0 .. p`` of its own row (``mask``);
 whatever sits beyond a row's length (a shorter prompt's padding) is never read and is
-overwritten as the row grows. Rows leave (``select``: a finished answer) and join (``join``: a
-new request on the server) between steps.
+overwritten as the row grows.
+
+The rows in use are the first ``batch`` of the ``max_batch`` slots, so a forward pass reads a
+view, never a copy. Rows leave (``drop``: a finished answer; the last rows move into the holes,
+one row copied per row that left) and join (``append``: a new request on the server, its prompt
+prefilled in a cache of its own) between steps.
 
 >>> cache = StaticCache(num_layers=1, capacity=4)
->>> cache.positions(2).tolist()                       # a fresh batch of one row, 2 new tokens
-[[0, 1]]
->>> k = torch.ones(1, 1, 2, 3)                        # (B, Hkv, T, D)
+>>> cache.lengths = torch.zeros(1, dtype=torch.long)   # one empty row
+>>> k = torch.ones(1, 1, 2, 3)                          # (B, Hkv, T, D): two new positions
 >>> k_all, _ = cache.layer(0, cache.positions(2)).write(k, k)
->>> cache.advance(torch.tensor([2])); cache.lengths.tolist(), k_all.shape
+>>> cache.advance(2); cache.lengths.tolist(), k_all.shape
 ([2], torch.Size([1, 1, 2, 3]))
 """
 
@@ -30,8 +33,8 @@ from torch import Tensor
 @dataclass
 class CacheView:
     """One layer's part of a ``StaticCache`` during one forward pass: where the new keys go
-    (``positions`` (B, T)) and which keys each query may read (``mask`` (B, 1, T, S) or None
-    when every query may read every key of the span)."""
+    (``positions`` (B, T)) and which keys each query may read (``mask`` (B, 1, T, S), or None
+    when every row is equally long and the plain causal mask applies)."""
 
     cache: StaticCache
     index: int
@@ -47,34 +50,34 @@ class CacheView:
 class StaticCache:
     """Keys and values of every layer, preallocated; rows of their own lengths (see the module).
 
-    Memory is allocated at the first write (then the dtype and device are those of the keys):
-    ``num_layers x 2 x B x Hkv x capacity x D`` elements.
+    ``lengths`` (B,) holds the length of each row in use. Memory is allocated at the first
+    write (then the dtype and device are those of the keys): ``num_layers x 2 x max_batch x
+    Hkv x capacity x D`` elements.
     """
 
-    def __init__(self, num_layers: int, capacity: int, batch: int = 1,
-                 lengths: Tensor | None = None) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.num_layers, self.capacity = num_layers, capacity
-        self.lengths = torch.zeros(batch, dtype=torch.long) if lengths is None else lengths
+    def __init__(self, num_layers: int, capacity: int, max_batch: int = 1) -> None:
+        if capacity < 1 or max_batch < 1:
+            raise ValueError(f"capacity and max_batch must be >= 1, got {capacity}, {max_batch}")
+        self.num_layers, self.capacity, self.max_batch = num_layers, capacity, max_batch
+        self.lengths = torch.zeros(0, dtype=torch.long)
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
 
     @property
     def batch(self) -> int:
+        """Rows in use."""
         return len(self.lengths)
 
     def positions(self, n_new: int) -> Tensor:
         """(B, T) the positions the next ``n_new`` tokens of each row take."""
-        start = self.lengths.to(self._device())
-        return start[:, None] + torch.arange(n_new, device=start.device)  # (B, T)
+        return self.lengths[:, None] + torch.arange(n_new, device=self.lengths.device)  # (B, T)
 
     def mask(self, positions: Tensor) -> Tensor | None:
         """(B, 1, T, S): the query at position p reads keys 0..p of its row; S is the span the
         views cover. None when every row is equally long: then the plain causal mask (aligned
         bottom-right, ``attention.causal_mask``) is the same for all rows.
 
-        >>> mask = StaticCache(1, 8, lengths=torch.tensor([1, 2])).mask(torch.tensor([[1], [2]]))
+        >>> mask = StaticCache(1, 8).mask(torch.tensor([[1], [2]]))
         >>> mask.shape, mask[:, 0, 0].int().tolist()
         (torch.Size([2, 1, 1, 3]), [[1, 1, 0], [1, 1, 1]])
         """
@@ -87,68 +90,81 @@ class StaticCache:
     def layer(self, index: int, positions: Tensor, mask: Tensor | None = None) -> CacheView:
         return CacheView(self, index, positions, mask)
 
-    def advance(self, n_new: Tensor | int) -> None:
-        """Count ``n_new`` more tokens in every row (a tensor (B,): one count a row)."""
-        self.lengths = self.lengths + torch.as_tensor(n_new, device=self.lengths.device)
+    def advance(self, n_new: int) -> None:
+        """Count ``n_new`` more tokens in every row."""
+        self.lengths = self.lengths + n_new
 
-    def _device(self) -> torch.device:
-        first = self.keys[0]
-        return self.lengths.device if first is None else first.device
+    def _allocate(self, index: int, like: Tensor) -> None:
+        _, Hkv, _, D = like.shape
+        shape = (self.max_batch, Hkv, self.capacity, D)
+        self.keys[index] = like.new_zeros(shape)
+        self.values[index] = like.new_zeros(shape)
+        self.lengths = self.lengths.to(like.device)
 
     def _write(self, index: int, k: Tensor, v: Tensor, positions: Tensor
                ) -> tuple[Tensor, Tensor]:
-        if self.keys[index] is None:
-            B, Hkv, _, D = k.shape
-            shape = (B, Hkv, self.capacity, D)
-            self.keys[index] = k.new_zeros(shape)
-            self.values[index] = v.new_zeros(shape)
-            self.lengths = self.lengths.to(k.device)
-        keys, values = self.keys[index], self.values[index]
+        B, T = positions.shape
+        if B != self.batch or k.shape[0] != B:
+            raise ValueError(f"the cache has {self.batch} rows in use, the input {k.shape[0]}")
         span = int(positions.max()) + 1
         if span > self.capacity:
             raise ValueError(f"the cache holds {self.capacity} positions; position {span - 1} "
                              "does not fit")
-        T = k.shape[2]
+        if self.keys[index] is None:
+            self._allocate(index, k)
+        keys, values = self.keys[index][:B], self.values[index][:B]  # views of the rows in use
         if bool((positions[:, 0] == positions[0, 0]).all()):  # every row at one length
             start = int(positions[0, 0])
             keys[:, :, start:start + T] = k  # in place, no copy of the past
             values[:, :, start:start + T] = v
         else:
-            rows = torch.arange(self.batch, device=k.device)[:, None]  # (B, 1)
+            rows = torch.arange(B, device=k.device)[:, None]  # (B, 1)
             # subtle: advanced indices around a slice put their dims first: (B, T, Hkv, D)
             keys[rows, :, positions] = k.transpose(1, 2)
             values[rows, :, positions] = v.transpose(1, 2)
         return keys[:, :, :span], values[:, :, :span]  # (B, Hkv, S, D) views
 
-    def select(self, rows: Tensor) -> StaticCache:
-        """A cache of only ``rows`` (indices into the batch), in that order (finished rows
-        leave; this copies the kept rows once)."""
-        kept = StaticCache(self.num_layers, self.capacity, lengths=self.lengths[rows])
-        kept.keys = [None if t is None else t[rows] for t in self.keys]
-        kept.values = [None if t is None else t[rows] for t in self.values]
-        return kept
+    def drop(self, finished: Tensor) -> Tensor:
+        """Remove the rows where ``finished`` (B,) is True; the last kept rows move into their
+        slots. Returns the old index of each row now in use, in slot order (the caller reorders
+        its own per-row state the same way).
 
-    def join(self, other: StaticCache) -> StaticCache:
-        """This cache's rows followed by ``other``'s (new requests joining a running batch); the
-        capacity is the larger of the two."""
+        >>> cache = StaticCache(1, 4, max_batch=4)
+        >>> cache.lengths = torch.tensor([1, 2, 3, 4])
+        >>> cache.drop(torch.tensor([True, False, True, False])).tolist(), cache.lengths.tolist()
+        ([3, 1], [4, 2])
+        """
+        finished = finished.to(self.lengths.device)
+        kept = int((~finished).sum())
+        holes = finished[:kept].nonzero().flatten()  # slots to fill, all before `kept`
+        movers = kept + (~finished[kept:]).nonzero().flatten()  # rows beyond `kept` that stay
+        order = torch.arange(kept, device=finished.device)
+        order[holes] = movers
+        for tensors in (self.keys, self.values):
+            for t in tensors:
+                if t is not None and len(holes):
+                    t[holes] = t[movers]  # one row copied per row that left
+        self.lengths = self.lengths[order]
+        return order
+
+    def append(self, other: StaticCache) -> None:
+        """Add ``other``'s rows (new prompts, prefilled in a cache of their own) after the rows
+        in use: their keys and values are copied into the next free slots."""
         if other.num_layers != self.num_layers:
             raise ValueError(f"cannot join caches of {self.num_layers} and "
                              f"{other.num_layers} layers")
-        capacity = max(self.capacity, other.capacity)
-        joined = StaticCache(self.num_layers, capacity,
-                             lengths=torch.cat((self.lengths, other.lengths.to(self.lengths))))
-        for name in ("keys", "values"):
-            tensors = []
-            for a, b in zip(getattr(self, name), getattr(other, name), strict=True):
-                if a is None or b is None:
-                    raise ValueError("only caches that have been written can be joined")
-                pad = [_widen(t, capacity) for t in (a, b.to(a.device))]
-                tensors.append(torch.cat(pad, dim=0))
-            setattr(joined, name, tensors)
-        return joined
-
-
-def _widen(t: Tensor, capacity: int) -> Tensor:
-    """``t`` (B, Hkv, S, D) with zeros appended up to ``capacity`` positions."""
-    extra = capacity - t.shape[2]
-    return t if extra == 0 else torch.cat((t, t.new_zeros(*t.shape[:2], extra, t.shape[3])), 2)
+        start, n = self.batch, other.batch
+        if start + n > self.max_batch:
+            raise ValueError(f"{start} rows in use + {n} new exceed max_batch {self.max_batch}")
+        span = int(other.lengths.max()) if n else 0
+        if span > self.capacity:
+            raise ValueError(f"a new row of {span} positions exceeds the capacity "
+                             f"{self.capacity}")
+        for index in range(self.num_layers):
+            if other.keys[index] is None:
+                raise ValueError("only a cache that has been written can be appended")
+            if self.keys[index] is None:
+                self._allocate(index, other.keys[index])
+            self.keys[index][start:start + n, :, :span] = other.keys[index][:n, :, :span]
+            self.values[index][start:start + n, :, :span] = other.values[index][:n, :, :span]
+        self.lengths = torch.cat((self.lengths, other.lengths.to(self.lengths.device)))

@@ -12,9 +12,9 @@ from answers someone else wrote. Both need the same two pieces:
    checkers the evaluation uses (``is_correct``: ``evaluation.questions.exact_match`` and a
    well-formed end, ``Answer.follows_format``; ``verifiable_reward`` adds an optional format bonus).
 
-``model.generate`` has no padding mask, so every batch holds prompts of one token length:
-the ``k`` copies of a prompt, and other prompts of that length (as
-``evaluation.questions.generate_answers`` batches them).
+The ``k`` copies of every prompt decode in batches of prompts of any lengths, a finished
+answer's place going to the next prompt (``model.generation.generate_many``, as
+``evaluation.questions.generate_answers`` runs).
 
 >>> q = Question([{"role": "user", "content": "3 + 5 等于多少？"}], "3 + 5 = 8",
 ...              "arithmetic", "skill")
@@ -28,13 +28,11 @@ False
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from minimind_lib.evaluation.questions import (
     Answer,
@@ -42,8 +40,10 @@ from minimind_lib.evaluation.questions import (
     exact_match,
     prompt_messages,
     reference,
+    reply,
 )
 from minimind_lib.model.decoder import IGNORE_INDEX
+from minimind_lib.model.generation import generate_many
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
@@ -131,26 +131,6 @@ class Sample:
         return [IGNORE_INDEX] * len(self.prompt) + list(self.response)
 
 
-def reply(tokenizer: BPETokenizer, response: Sequence[int]) -> tuple[list[int], Answer]:
-    """Cut generated ids at the first stop token (kept) and decode the reply before it; the
-    reply has ended when that token is ``<|im_end|>`` (as in
-    ``evaluation.questions.generate_answers``).
-
-    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
-    >>> tok = load_tokenizer()
-    >>> ids = tok.encode("7") + [tok.token_to_id("<|im_end|>"), 99, 98]
-    >>> kept, answer = reply(tok, ids)
-    >>> len(kept), answer
-    (2, Answer(text='7', ended=True))
-    """
-    stops = (tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT))
-    stop = next((k for k, t in enumerate(response) if t in stops), None)
-    if stop is None:
-        return list(response), Answer(tokenizer.decode(list(response)), ended=False)
-    return list(response[:stop + 1]), Answer(tokenizer.decode(list(response[:stop])),
-                                             ended=response[stop] == stops[0])
-
-
 @torch.no_grad()
 def sample_answers(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
                    k: int, *, max_new_tokens: int, temperature: float = 1.0,
@@ -159,47 +139,22 @@ def sample_answers(model: nn.Module, tokenizer: BPETokenizer, questions: Sequenc
     """``k`` answers to each question (``temperature`` 0: the greedy one, ``k`` times), as
     ``[[Sample] * k for each question]`` in question order.
 
-    Each batch holds prompts of one token length, each repeated ``k`` times (at most
-    ``max_rows`` rows; a prompt's copies stay together). Rows stop at ``<|im_end|>``; a batch
-    stops once every row has stopped. The model runs in eval mode and is put back as it was.
+    Up to ``max_rows`` rows decode at once (``model.generation.generate_many``); a row stops at
+    ``<|im_end|>`` or ``<|endoftext|>``. The model runs in eval mode and is put back as it was.
     ``generator`` (on the model's device) makes the samples reproducible.
     """
     if k <= 0 or max_new_tokens <= 0:
         raise ValueError(f"k and max_new_tokens must be positive, got {k} and {max_new_tokens}")
     prompts = [encode_chat(tokenizer, q.messages, add_generation_prompt=True) for q in questions]
-    per_batch = max(1, max_rows // k)
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_length[len(p)].append(i)
-    batches = [idx[j:j + per_batch] for _, idx in sorted(by_length.items())
-               for j in range(0, len(idx), per_batch)]
-    device, was_training = next(model.parameters()).device, model.training
-    model.eval()
+    stops = [tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT)]
+    rows = generate_many(model, [p for p in prompts for _ in range(k)], max_new_tokens,
+                         eos_token_id=stops, batch_size=max_rows, temperature=temperature,
+                         top_k=top_k, generator=generator, progress=progress, desc="sample")
     out: list[list[Sample]] = [[] for _ in questions]
-    for idx in tqdm(batches, desc="sample", disable=not progress):
-        rows = torch.tensor([prompts[i] for i in idx for _ in range(k)], device=device)  # (b*k, T)
-        new = _generate(model, tokenizer, rows, max_new_tokens, temperature, top_k, generator)
-        for n, response in enumerate(new):
-            kept, answer = reply(tokenizer, response)
-            out[idx[n // k]].append(Sample(prompts[idx[n // k]], kept, answer))
-    model.train(was_training)
+    for n, response in enumerate(rows):
+        kept, answer = reply(tokenizer, response)
+        out[n // k].append(Sample(prompts[n // k], kept, answer))
     return out
-
-
-def _generate(model: nn.Module, tokenizer: BPETokenizer, rows: torch.Tensor, max_new_tokens: int,
-              temperature: float, top_k: int | None,
-              generator: torch.Generator | None) -> list[list[int]]:
-    """The new ids of every row (B, <= max_new_tokens), stopping once every row has stopped."""
-    stops = torch.tensor([tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT)],
-                         device=rows.device)
-    steps, done = [], torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
-    for token in model.stream(rows, max_new_tokens, temperature=temperature, top_k=top_k,
-                              generator=generator):
-        steps.append(token)  # (B,)
-        done |= torch.isin(token, stops)
-        if bool(done.all()):
-            break
-    return torch.stack(steps, dim=1).tolist()  # (B, new)
 
 
 # --- 3. grading -----------------------------------------------------------------------------

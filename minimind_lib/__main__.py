@@ -75,6 +75,13 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+def batch_size(text: str) -> int:
+    """argparse type: how many requests decode together, 1-1024."""
+    if not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a batch size (1-1024)")
+    return int(text)
+
+
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                         help="override one setting, e.g. pretrain.max_steps=3, "
@@ -198,6 +205,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=port_number, default=None,
                         help="TCP port (default 8998)")
     parser.add_argument("--name", default="minimind", help="the model id clients see")
+    parser.add_argument("--max-batch", type=batch_size, default=None, metavar="N",
+                        help="requests that decode together (continuous batching; default "
+                             "32; 1: one after another)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' (default: $MINIMIND_API_KEY, "
                              "which keeps the key out of the process list; recommended "
@@ -233,7 +243,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"serving on http://{args.host}:{port} (the chat page at /; POST /generate, "
           "POST /v1/chat/completions, GET /v1/models)"
           + (", API key required" if api_key else ""), file=sys.stderr)
-    app = create_app(model, tokenizer, model_name=args.name, api_key=api_key,
+    batching = {} if args.max_batch is None else {"max_batch": args.max_batch}
+    app = create_app(model, tokenizer, model_name=args.name, api_key=api_key, **batching,
                      model_card=model_card(chosen_model_dir(args)),
                      allowed_hosts=LOOPBACK_HOSTS if loopback and api_key is None else None)
     uvicorn.Server(uvicorn_config(app, args.host, port)).run()

@@ -29,18 +29,19 @@ WAIT = 60  # seconds a browser step may take on a loaded 2-core machine before t
 
 
 class CountingSlowModel(MiniMindForCausalLM):
-    """Counts forward passes (one per generated token) and can sleep in each, so a test can
-    stop an answer mid-stream and then watch the server stop computing."""
+    """Counts forward passes of the trunk (one per generated token, on every generation path)
+    and can sleep in each, so a test can stop an answer mid-stream and then watch the server
+    stop computing."""
 
     def __init__(self, config: MiniMindConfig) -> None:
         super().__init__(config)
         self.calls, self.delay = 0, 0.0
+        self.model.register_forward_pre_hook(self._count)
 
-    def forward(self, *args, **kwargs):
+    def _count(self, *_):
         self.calls += 1
         if self.delay:
             time.sleep(self.delay)
-        return super().forward(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")

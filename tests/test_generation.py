@@ -238,3 +238,14 @@ def test_a_cancelled_row_leaves_at_the_next_step():
     assert len(gone.tokens) == 1 and keep.tokens == alone(model, [1, 2], 10)
     with pytest.raises(ValueError, match="capacity"):
         batch.submit(Row(torch.tensor([1] * 25), 10))
+
+
+def test_a_cache_that_starts_small_grows_and_answers_the_same():
+    model = tiny(seed=11)
+    batch = ContinuousBatch(model, capacity=40, max_batch=3, initial_capacity=2)
+    rows = [batch.submit(Row(torch.tensor(p), 12)) for p in ([1, 2, 3, 4, 5], [6], [7, 8])]
+    while batch.busy:
+        batch.step()
+    assert batch.decoding.cache.capacity == 20  # 2 -> 5 (the prompt) -> 10 -> 20 (17 needed)
+    for row, p in zip(rows, ([1, 2, 3, 4, 5], [6], [7, 8]), strict=True):
+        assert row.tokens == alone(model, p, 12)

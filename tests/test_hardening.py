@@ -110,13 +110,40 @@ class BrokenModel(SlowModel):
         yield
 
 
+class SlowMiniMind(MiniMindForCausalLM):
+    """The batched engine's stand-in: a real ``MiniMindForCausalLM`` whose every forward step
+    sleeps 5 ms and whose head always prefers token 70 (plain text, never a stop token);
+    ``generated`` counts the tokens it computed, row by row."""
+
+    def __init__(self, vocab_size, context=4096, broken=False):
+        super().__init__(MiniMindConfig(vocab_size=vocab_size, hidden_size=8, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1,
+                                        max_position_embeddings=context))
+        self.generated, self.broken = 0, broken
+        self.model.register_forward_pre_hook(self._step)
+        self.lm_head.register_forward_hook(lambda _, __, logits: torch.nn.functional.one_hot(
+            torch.full(logits.shape[:-1], 70), logits.shape[-1]).float() * 1e4)
+
+    def _step(self, _, args):
+        if self.broken:
+            raise RuntimeError("the model broke")
+        time.sleep(0.005)
+        self.generated += args[0].shape[0]
+
+
+def slow_model(kind, tok):
+    """A one-job-at-a-time stand-in, or a batched one (``create_app`` batches a MiniMind)."""
+    return SlowModel() if kind == "serial" else SlowMiniMind(len(tok))
+
+
 # --- 1. abandoned requests and an unbounded queue -----------------------------------------
 
 
-def test_abandoned_non_streaming_requests_are_cancelled(tok):
+@pytest.mark.parametrize("kind", ["serial", "batched"])
+def test_abandoned_non_streaming_requests_are_cancelled(tok, kind):
     """Three clients give up after 0.3 s on 1,000-token answers: the running job stops and the
     waiting ones never start, so the next request does not wait behind 3,000 tokens."""
-    model = SlowModel()
+    model = slow_model(kind, tok)
     with BackgroundServer(create_app(model, tok)) as server:
         async def abandon():
             async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as client:
@@ -134,9 +161,10 @@ def test_abandoned_non_streaming_requests_are_cancelled(tok):
     assert model.generated - 4 < 1000
 
 
-def test_a_full_queue_answers_503_with_retry_after(tok):
-    model = SlowModel()
-    app = create_app(model, tok, max_waiting=2)
+@pytest.mark.parametrize("kind", ["serial", "batched"])
+def test_a_full_queue_answers_503_with_retry_after(tok, kind):
+    model = slow_model(kind, tok)
+    app = create_app(model, tok, max_waiting=2, max_batch=1)
     small = {"messages": user("hi"), "max_tokens": 3}
 
     async def scenario():
@@ -161,6 +189,74 @@ def test_a_full_queue_answers_503_with_retry_after(tok):
     assert error["code"] == "server_busy" and "2 requests are waiting" in error["message"]
     assert [answer(r) for r in served] == [answer(r) for r in served[:1]] * 2
     assert model.generated < 3000
+
+
+def test_requests_wait_only_for_a_place_in_the_batch(tok):
+    """Two long answers fill a batch of two; a third request waits (a fourth is refused) until
+    one of them hangs up, then joins the running batch."""
+    model = SlowMiniMind(len(tok))
+    app = create_app(model, tok, max_waiting=1, max_batch=2)
+    long = {"messages": user("hi"), "max_tokens": 3000, "stream": True}
+    small = {"messages": user("hi"), "max_tokens": 3}
+
+    async def some_text(lines):  # the first chunk is sent before decoding: wait for text
+        async for line in lines:
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
+                    "content"):
+                return
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            async with client.stream("POST", CHAT, json=long) as first:
+                first_lines = first.aiter_lines()
+                await some_text(first_lines)
+                async with client.stream("POST", CHAT, json=long) as second:
+                    second_lines = second.aiter_lines()
+                    await some_text(second_lines)  # both decode together
+                    waiting = asyncio.create_task(client.post(CHAT, json=small))
+                    for _ in range(6000):
+                        if app.state.engine.waiting == 1:
+                            break
+                        await asyncio.sleep(0.01)
+                    refused = await client.post(CHAT, json=small)
+                    assert not waiting.done()  # no place yet
+                # the second hangs up: the waiting request takes its place beside the first
+                served = await waiting
+                await some_text(first_lines)  # the first still streams
+            return refused, served
+
+    with BackgroundServer(app) as server:
+        refused, served = asyncio.run(scenario())
+    assert openai_error(refused, 503)["code"] == "server_busy"
+    assert answer(served) == "".join(tok.decode([70]) for _ in range(3))
+    assert model.generated < 2 * 3000
+
+
+def test_concurrent_greedy_requests_answer_as_alone(model, tok, server):
+    """Requests of different lengths decode in one batch, with their own settings: each greedy
+    answer equals the lone one, a seeded sampled answer its lone twin."""
+    prompts = [user("hello " * n + "world") for n in range(1, 13)]
+    sampled = {"temperature": 1.0, "top_k": 20, "seed": 7}
+
+    async def together():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            bodies = [{"messages": m, "max_tokens": 5 + i, "temperature": 0}
+                      for i, m in enumerate(prompts)]
+            bodies += [{"messages": prompts[0], "max_tokens": 12, **sampled}] * 2
+            return await asyncio.gather(*(client.post(CHAT, json=b) for b in bodies))
+
+    replies = [answer(r) for r in asyncio.run(together())]
+    assert replies[:12] == [greedy(model, tok, m, 5 + i) for i, m in enumerate(prompts)]
+    lone = answer(httpx.post(server.url + CHAT, timeout=60,
+                             json={"messages": prompts[0], "max_tokens": 12, **sampled}))
+    assert replies[12] == replies[13] == lone
+
+
+@pytest.mark.parametrize("max_batch", ["0", "2000", "x"])
+def test_an_absurd_max_batch_is_refused_by_the_cli(max_batch, capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--max-batch", max_batch])
+    assert "not a batch size" in capsys.readouterr().err
 
 
 # --- 2. values that passed validation crashed generation ----------------------------------
@@ -465,12 +561,13 @@ def test_unreadable_bodies_get_openai_errors(server, body, words):
 def test_404_405_and_500_have_openai_errors_and_keep_the_connection(server, tok):
     assert openai_error(httpx.get(server.url + "/v2/nothing"), 404)["message"] == "Not Found"
     openai_error(httpx.get(server.url + "/generate"), 405)
-    with BackgroundServer(create_app(BrokenModel(), tok)) as s, \
-            httpx.Client(base_url=s.url, timeout=30) as client:
-        error = openai_error(client.post(CHAT, json={"messages": user("hi"), "max_tokens": 2}),
-                             500)
-        assert error["type"] == "server_error" and "the model broke" in error["message"]
-        assert client.get("/v1/models").status_code == 200  # the same connection still works
+    for broken in (BrokenModel(), SlowMiniMind(len(tok), broken=True)):  # serial, batched
+        with BackgroundServer(create_app(broken, tok)) as s, \
+                httpx.Client(base_url=s.url, timeout=30) as client:
+            error = openai_error(client.post(CHAT, json={"messages": user("hi"),
+                                                         "max_tokens": 2}), 500)
+            assert error["type"] == "server_error" and "the model broke" in error["message"]
+            assert client.get("/v1/models").status_code == 200  # the connection still works
 
 
 # --- 11. the developer role, an API key ----------------------------------------------------

@@ -83,12 +83,19 @@ class Decoding:
     ``model.model`` and ``lm_head``).
     """
 
-    def __init__(self, model: nn.Module, capacity: int, max_batch: int) -> None:
+    def __init__(self, model: nn.Module, capacity: int, max_batch: int,
+                 initial_capacity: int | None = None) -> None:
         limit = model.config.max_position_embeddings
         if capacity > limit:
             raise ValueError(f"{capacity} positions exceed max_position_embeddings ({limit})")
         self.model, self.capacity = model, capacity
-        self.cache = StaticCache(len(model.model.layers), capacity, max_batch)
+        start = capacity if initial_capacity is None else min(initial_capacity, capacity)
+        self.cache = StaticCache(len(model.model.layers), start, max_batch)
+
+    def _room(self, positions: int) -> None:
+        """Grow the cache (doubling, up to ``capacity``) to hold ``positions`` a row."""
+        if positions > self.cache.capacity:
+            self.cache.reserve(min(self.capacity, max(positions, 2 * self.cache.capacity)))
 
     @property
     def size(self) -> int:
@@ -102,6 +109,7 @@ class Decoding:
         if int(lengths.max()) >= self.capacity:
             raise ValueError(f"a prompt of {int(lengths.max())} tokens leaves no room in a "
                              f"cache of {self.capacity} positions")
+        self._room(int(lengths.max()))
         fresh = StaticCache(self.cache.num_layers, ids.shape[1], max_batch=len(prompts))
         fresh.lengths = torch.zeros(len(prompts), dtype=torch.long, device=ids.device)
         hidden, _ = self.model.model(ids, fresh)  # (n, T, C)
@@ -112,6 +120,7 @@ class Decoding:
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed one token per row (B,); the logits of the next (B, V), fp32."""
+        self._room(int(self.cache.lengths.max()) + 1)
         hidden, _ = self.model.model(tokens[:, None], self.cache)  # (B, 1, C)
         return self.model.lm_head(hidden[:, -1]).float()  # (B, V)
 
@@ -155,14 +164,18 @@ class ContinuousBatch:
     ``min_join`` slots are free (or all the waiting ones fit), prefilled together.
 
     ``use_cache=False`` recomputes every row from its first token at each step (the same
-    tokens, slowly: notebook 08's comparison).
+    tokens, slowly: notebook 08's comparison). ``capacity`` bounds a row's prompt + new tokens;
+    the cache holds ``initial_capacity`` positions a row at first (default: all of
+    ``capacity``) and doubles as rows grow (a server's: its context is long, most replies short).
     """
 
     def __init__(self, model: nn.Module, capacity: int, max_batch: int, *,
-                 use_cache: bool = True, min_join: int = 1) -> None:
+                 use_cache: bool = True, min_join: int = 1,
+                 initial_capacity: int | None = None) -> None:
         self.model, self.capacity, self.max_batch = model, capacity, max_batch
         self.min_join = max(1, min(min_join, max_batch))
-        self.decoding = Decoding(model, capacity, max_batch) if use_cache else None
+        self.decoding = (Decoding(model, capacity, max_batch, initial_capacity) if use_cache
+                         else None)
         self.device = next(itertools.chain(model.parameters(), model.buffers())).device
         self.rows: list[Row] = []  # decoding now, in the cache's slot order
         self.waiting: deque[Row] = deque()

@@ -94,6 +94,25 @@ class StaticCache:
         """Count ``n_new`` more tokens in every row."""
         self.lengths = self.lengths + n_new
 
+    def reserve(self, capacity: int) -> None:
+        """Grow to hold ``capacity`` positions a row (a no-op when it already does): the kept
+        keys and values are copied once into the larger tensors. A server's cache starts small
+        and doubles as its longest row grows, rather than holding the whole context from the start.
+
+        >>> cache = StaticCache(1, 2)
+        >>> cache.reserve(8); cache.capacity
+        8
+        """
+        if capacity <= self.capacity:
+            return
+        for tensors in (self.keys, self.values):
+            for i, t in enumerate(tensors):
+                if t is not None:
+                    grown = t.new_zeros(t.shape[:2] + (capacity,) + t.shape[3:])
+                    grown[:, :, :self.capacity] = t
+                    tensors[i] = grown
+        self.capacity = capacity
+
     def _allocate(self, index: int, like: Tensor) -> None:
         _, Hkv, _, D = like.shape
         shape = (self.max_batch, Hkv, self.capacity, D)

@@ -7,7 +7,8 @@ can talk to it; ``GET /v1/tools`` and ``POST /v1/tools/run`` (the course's tools
 safe executor, for the chat page's tool loop); and ``GET /``: a chat page
 (``static/chat.html``, plain HTML and JavaScript that streams from ``/v1/chat/completions``;
 nothing loaded from elsewhere, so it works offline). The
-text comes from ``minimind_lib.inference.chat.TextStream``, the same stream the terminal chat uses.
+text comes from ``minimind_lib.inference.chat.ReplyText``, the same decoding of tokens to text
+the terminal chat uses.
 
 Pictures: when the model is a vision-language model (``minimind_lib.vision.vlm``, a ``vision/vlm``
 folder: notebook 13), a user message may hold one OpenAI ``image_url`` part whose URL is a
@@ -34,13 +35,15 @@ Every error, whatever its cause, has OpenAI's shape
   wants ``Authorization: Bearer <key>``.
 * 413: a body over ``max_body_bytes``, or messages with more characters than could fit the
   context (checked before tokenising, which runs off the event loop).
-* 503 with ``Retry-After``: ``max_waiting`` requests are already waiting for the model.
+* 503 with ``Retry-After``: ``max_waiting`` requests are already waiting for a place.
 * 500: a bug; the traceback goes to the server log, and the connection stays usable.
 
-Concurrency: a model must not run two generations interleaved (the KV caches and the global
-RNG would mix), so one worker thread (``Engine``) runs the jobs one after another while the
-event loop keeps accepting requests and streaming the finished tokens back. A client that hangs
-up (streaming or not) cancels its job, waiting or running.
+Concurrency: one worker thread (``Engine``) owns the model while the event loop keeps accepting
+requests and streaming the finished tokens back. Requests that arrive together decode together
+(continuous batching: up to ``max_batch`` rows, each with its own sampling settings, seed and
+budget; a greedy answer is the same as alone); a model that cannot batch (a vision-language
+model) answers one request after another. A client that hangs up (streaming or not) cancels
+its job, waiting or running, and frees its place in the batch.
 
 The request models and handlers live at module level; a handler finds its model, tokenizer
 and engine in ``request.app.state.server`` (a ``ServerState``).
@@ -73,13 +76,19 @@ from starlette.exceptions import HTTPException
 from torch import nn
 
 from minimind_lib.inference.chat import (
+    ReplyText,
     SamplingError,
     SamplingParams,
-    TextStream,
     context_length,
     stop_ids,
 )
-from minimind_lib.inference.serve.engine import MAX_WAITING, Engine, _cancel_when_gone, _Job
+from minimind_lib.inference.serve.engine import (
+    MAX_BATCH,
+    MAX_WAITING,
+    Engine,
+    _cancel_when_gone,
+    _Job,
+)
 from minimind_lib.inference.serve.errors import (
     APIError,
     BadRequest,
@@ -224,7 +233,7 @@ class ServerState:
         return params
 
     async def run(self, request: Request, prompt_ids: list[int], params: SamplingParams,
-                  stop: set[int], pixel_values: torch.Tensor | None = None) -> TextStream:
+                  stop: set[int], pixel_values: torch.Tensor | None = None) -> ReplyText:
         """Generate to the end on the engine; the finished stream. A client that hangs up
         cancels the job (then the stream's ``finish_reason`` is "cancelled", or ``ClientGone``
         when it had not started)."""
@@ -256,14 +265,15 @@ def check_api_key(key: str | None) -> None:
 def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "minimind",
                default_max_new_tokens: int = 256, api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_waiting: int = MAX_WAITING,
-               model_card: Mapping[str, object] | None = None,
+               max_batch: int = MAX_BATCH, model_card: Mapping[str, object] | None = None,
                allowed_hosts: Sequence[str] | None = None) -> FastAPI:
     """The FastAPI app serving ``model`` (see the module docstring for the endpoints).
 
     ``model_name`` is what ``GET /v1/models`` lists and responses echo;
     ``default_max_new_tokens`` applies when a request does not say (capped by the context);
     ``api_key``, when set, is required as ``Authorization: Bearer <key>``; a body over
-    ``max_body_bytes`` is refused (413), and so is a request when ``max_waiting`` wait (503).
+    ``max_body_bytes`` is refused (413), and so is a request when ``max_waiting`` wait (503);
+    up to ``max_batch`` requests decode together.
     ``model_card`` adds fields to the model's ``/v1/models`` entry (the CLI: profile, stage)
     beside its parameter count. ``allowed_hosts``, when given, are the only ``Host`` names
     answered (the CLI sets ``LOOPBACK_HOSTS`` for a keyless server on loopback, so a web page
@@ -271,7 +281,7 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     the chat page; FastAPI's ``/docs`` pages (which load scripts from a CDN) are not served.
     """
     check_api_key(api_key)
-    engine = Engine(model, tokenizer, max_waiting)
+    engine = Engine(model, tokenizer, max_waiting, max_batch)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -545,7 +555,7 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
         "usage": _usage(len(prompt_ids), result)}
 
 
-def _usage(prompt_tokens: int, result: TextStream) -> dict:
+def _usage(prompt_tokens: int, result: ReplyText) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": result.completion_tokens,
             "total_tokens": prompt_tokens + result.completion_tokens}
 

@@ -135,7 +135,7 @@ def test_loss_is_shifted_cross_entropy_with_ignore_index():
     ids = torch.randint(0, 97, (2, 10))
     labels = ids.clone()
     labels[0, :4] = -100
-    out = model(ids, labels=labels)
+    out = model(ids, labels=labels, return_logits=True)
     logits = out.logits[:, :-1].reshape(-1, 97)
     target = labels[:, 1:].reshape(-1)
     keep = target != -100
@@ -184,6 +184,6 @@ def test_bf16_autocast_forward_runs():
     model = make_model(CONFIGS["gqa"])
     ids = torch.randint(0, 97, (2, 8))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(ids, labels=ids)
+        out = model(ids, labels=ids, return_logits=True)
     assert out.logits.dtype == torch.bfloat16 and out.loss.dtype == torch.float32
     assert torch.isfinite(out.loss)

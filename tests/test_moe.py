@@ -100,7 +100,7 @@ def test_moe_logits_and_aux_loss_equal_the_reference(name, train_mode):
     model = make_model(moe_config(**MOE_SETTINGS[name])).train(train_mode)
     ref = reference_model(model).train(train_mode)
     ids = torch.randint(0, 61, (3, 17))
-    out = model(ids, labels=ids)
+    out = model(ids, labels=ids, return_logits=True)
     want_logits = ref(ids).logits
     want_aux = sum(layer.mlp.aux_loss for layer in ref.model.layers)
     # fp32; the library sums the same k + shared expert outputs in another order and runs each
@@ -111,6 +111,8 @@ def test_moe_logits_and_aux_loss_equal_the_reference(name, train_mode):
     # training minimises CE + aux (as MiniMind's trainer); eval reports the plain CE
     torch.testing.assert_close(out.loss, ce + want_aux if train_mode else ce,
                                atol=1e-5, rtol=1e-5)
+    # without return_logits: the chunked head's loss, the same to fp32 rounding
+    torch.testing.assert_close(model(ids, labels=ids).loss, out.loss, atol=1e-6, rtol=1e-5)
 
 
 def test_routing_really_varies_in_these_tests():
@@ -180,7 +182,7 @@ def test_aux_loss_trains_the_router_and_alpha_zero_turns_it_off():
     gate_grad = model.model.layers[0].mlp.gate.weight.grad
     assert gate_grad is not None and gate_grad.abs().sum() > 0
     off = make_model(moe_config(aux_loss_alpha=0.0)).train()
-    out = off(ids, labels=ids)
+    out = off(ids, labels=ids, return_logits=True)
     assert out.aux_loss.item() == 0.0
     assert out.loss.item() == pytest.approx(causal_lm_loss(out.logits, ids).item())
 

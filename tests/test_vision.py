@@ -447,7 +447,8 @@ def _batch(tokenizer, vlm, n=4):
 def test_answer_loss_equals_the_full_forward_loss(tokenizer):
     vlm = tiny_vlm().eval()
     batch = _batch(tokenizer, vlm)
-    full = vlm(batch["input_ids"], batch["pixel_values"], labels=batch["labels"]).loss
+    full = vlm(batch["input_ids"], batch["pixel_values"], labels=batch["labels"],
+               return_logits=True).loss  # the plain path: all (B, T, V) logits
     fast = vlm.answer_loss(batch["input_ids"], batch["pixel_values"], batch["labels"])
     # the same logits at the supervised positions, averaged in another order: 1e-6
     torch.testing.assert_close(fast, full, rtol=0, atol=1e-6)

@@ -6,6 +6,8 @@
 * ``layers``: RMSNorm and the SwiGLU feed-forward;
 * ``moe``: the mixture-of-experts feed-forward and its load-balancing loss;
 * ``decoder``: the block, ``MiniMindForCausalLM``, the loss (``IGNORE_INDEX``), generation;
+* ``chunked_loss``: the output head and its cross-entropy chunk by chunk, without the (B, T, V)
+  logits (what ``model(ids, labels=labels)`` and the training losses run);
 * ``kv_cache``: the static KV cache (preallocated, written in place, rows of their own lengths);
 * ``generation``: batched decoding of prompts of different lengths (left padding, as
   transformers), finished rows leaving the batch;

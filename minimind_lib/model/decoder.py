@@ -20,16 +20,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from minimind_lib.model.attention import Attention, LayerCache
+from minimind_lib.model.chunked_loss import IGNORE_INDEX, chunked_causal_lm_loss, head_weight
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.generation import decode_stream
 from minimind_lib.model.kv_cache import CacheView, StaticCache
 from minimind_lib.model.layers import FeedForward, RMSNorm
 from minimind_lib.model.moe import MoEFeedForward
 from minimind_lib.model.positions import rope_tables
-
-#: The label of a position that gets no loss (``F.cross_entropy``'s ``ignore_index``): prompts
-#: and padding in SFT/DPO batches, the last position of every sequence in ``causal_lm_loss``.
-IGNORE_INDEX = -100
 
 
 class Block(nn.Module):
@@ -60,13 +57,14 @@ class Block(nn.Module):
 class CausalLMOutput:
     """What ``MiniMindForCausalLM.forward`` returns.
 
-    ``logits`` (B, T, V); ``loss`` the mean shifted cross-entropy (None without labels; in
-    training mode a MoE model adds ``aux_loss``); ``past_key_values`` one ``(k, v)`` per
-    layer when ``use_cache=True``, else None; ``aux_loss`` the load-balancing loss summed over
-    the MoE layers (None for a dense model).
+    ``logits`` (B, T, V), or None when labels were given without ``return_logits=True`` (the
+    loss then comes from the chunked head, ``model.chunked_loss``); ``loss`` the mean shifted
+    cross-entropy (None without labels; in training mode a MoE model adds ``aux_loss``);
+    ``past_key_values`` one ``(k, v)`` per layer when ``use_cache=True``, else None;
+    ``aux_loss`` the load-balancing loss summed over the MoE layers (None for a dense model).
     """
 
-    logits: Tensor
+    logits: Tensor | None
     loss: Tensor | None = None
     past_key_values: list[LayerCache] | None = None
     aux_loss: Tensor | None = None
@@ -180,7 +178,9 @@ class MiniMindForCausalLM(nn.Module):
     ...                             num_hidden_layers=1, num_attention_heads=2,
     ...                             num_key_value_heads=1, max_position_embeddings=16))
     >>> out = model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]]))
-    >>> out.logits.shape
+    >>> out.logits is None   # with labels: the loss only (return_logits=True adds the logits)
+    True
+    >>> model(torch.tensor([[1, 2, 3]])).logits.shape
     torch.Size([1, 3, 32])
     >>> import math
     >>> abs(out.loss.item() - math.log(32)) < 0.1   # untrained: about ln(vocab)
@@ -255,13 +255,19 @@ class MiniMindForCausalLM(nn.Module):
         labels: Tensor | None = None,
         past_key_values: list[LayerCache] | None = None,
         use_cache: bool = False,
+        return_logits: bool = False,
     ) -> CausalLMOutput:
-        """Logits for ``input_ids`` (B, T); with ``labels`` (B, T) also the loss.
+        """Logits for ``input_ids`` (B, T); with ``labels`` (B, T) the loss instead.
 
         ``labels`` are aligned with the inputs (usually a copy of them, -100 where no loss is
         wanted): the model shifts them, so position t is scored on predicting token t+1.
         Batches may be right-padded (pads labelled -100): causal attention means real tokens
         never see the pads to their right, so no attention mask is needed.
+
+        With ``labels`` the head and the loss run together chunk by chunk (``head_loss``):
+        no (B, T, V) logits are made or kept for backward, and ``.logits`` is None. A caller
+        that needs the logits as well passes ``return_logits=True``: the plain path,
+        ``causal_lm_loss(lm_head(hidden), labels)``, the same loss to fp32 rounding.
 
         MoE (notebook 11): ``aux_loss`` is the load-balancing loss summed over layers.  In
         training mode ``loss`` = cross-entropy + ``aux_loss`` (what the optimizer minimises,
@@ -269,12 +275,27 @@ class MiniMindForCausalLM(nn.Module):
         validation losses of dense and MoE models compare.
         """
         hidden, caches = self.model(input_ids, past_key_values)  # (B, T, C)
-        logits = self.lm_head(hidden)  # (B, T, V)
         aux_loss = self._aux_loss()
-        loss = None if labels is None else causal_lm_loss(logits, labels)
+        if labels is not None and not return_logits:
+            logits, loss = None, self.head_loss(hidden, labels)
+        else:
+            logits = self.lm_head(hidden)  # (B, T, V)
+            loss = None if labels is None else causal_lm_loss(logits, labels)
         if loss is not None and aux_loss is not None and self.training:
             loss = loss + aux_loss
         return CausalLMOutput(logits, loss, caches if use_cache else None, aux_loss)
+
+    def head_loss(self, hidden: Tensor, labels: Tensor) -> Tensor:
+        """``causal_lm_loss(self.lm_head(hidden), labels)`` without the (B, T, V) logits.
+
+        ``hidden`` (B, T, C): the trunk's final hidden states. A plain bias-free head runs in
+        ``chunked_causal_lm_loss`` (its weight's gradient reaches the tied embedding too); an
+        int8 or LoRA-wrapped head runs whole, as a module.
+        """
+        weight = head_weight(self.lm_head)
+        if weight is None:
+            return causal_lm_loss(self.lm_head(hidden), labels)
+        return chunked_causal_lm_loss(hidden, weight, labels)
 
     def _aux_loss(self) -> Tensor | None:
         losses = [layer.mlp.aux_loss for layer in self.model.layers

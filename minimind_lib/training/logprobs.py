@@ -10,6 +10,7 @@ import copy
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minimind_lib.model.chunked_loss import chunked_token_logprobs, head_weight
 from minimind_lib.model.decoder import IGNORE_INDEX, MiniMindForCausalLM
 
 # --- 1. log pi(y|x) --------------------------------------------------------------------
@@ -108,12 +109,19 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, labels: Tensor,
                                 ignore_index=IGNORE_INDEX, reduction="none")  # 0 where ignored
     # subtle: only the answer positions need logits. The output head (V x C) is most of a small
     # model's compute and answers are a fraction of each sequence, so run the trunk, then the
-    # head on the answer positions only: the same numbers as ``answer_logprobs(model(x).logits)``
+    # head on the answer positions only: the same numbers as ``answer_logprobs(model(x).logits)``.
+    # The head and the log-softmax run chunk by chunk (``chunked_token_logprobs``): autograd
+    # keeps no (N, V) tensor, backward recomputes each chunk's logits
     hidden, _ = model.model(input_ids)  # (B, T, C)
     rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)  # (N,) each: answer positions
-    logits = model.lm_head(hidden[rows, cols])  # (N, V)
-    per_token = -F.cross_entropy(logits.float() / temperature, targets[rows, cols],
-                                 reduction="none")  # (N,)
+    answers, weight = targets[rows, cols], head_weight(model.lm_head)  # answers (N,)
+    if weight is not None:
+        per_token = chunked_token_logprobs(hidden[rows, cols], weight, answers,
+                                           temperature)  # (N,)
+    else:  # an int8 or LoRA-wrapped head runs as a module
+        logits = model.lm_head(hidden[rows, cols])  # (N, V)
+        per_token = -F.cross_entropy(logits.float() / temperature, answers,
+                                     reduction="none")  # (N,)
     return per_token.new_zeros(targets.shape).index_put((rows, cols), per_token)  # (B, T-1)
 
 

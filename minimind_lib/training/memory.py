@@ -15,7 +15,7 @@ count is checked against what autograd actually keeps (``tests/test_memory.py``)
 
 >>> from minimind_lib.model.config import MiniMindConfig
 >>> gib = training_memory(MiniMindConfig(), batch=16, seq_len=512, precision="bf16") / 2**30
->>> 3 < gib < 4     # MiniMind2-Small, 16 x 512 tokens per micro-batch, bf16 autocast
+>>> 2.5 < gib < 3   # MiniMind2-Small, 16 x 512 tokens per micro-batch, bf16 autocast
 True
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minimind_lib.model.chunked_loss import DEFAULT_CHUNK_SIZE
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import Block, MiniMindForCausalLM, model_size
 
@@ -70,20 +71,24 @@ def activation_bytes(config: MiniMindConfig, batch: int, seq_len: int, precision
       ``(16C + 8) + 2(5C + 2C + 2K + 4I) + 4H`` bytes;
     * with checkpointing, only the layer's input: ``4C`` bytes.
 
-    Once per token: the token ids and shifted targets (2 x 8 bytes) and the head: the final
-    norm (``(2C + 1) x 4``), the head's input (fp32 C, or a 2-byte copy) and the log-softmax
-    of the loss, in fp32 (``4V``). This is exactly what ``measure_saved_bytes`` measures on
-    the CPU (``tests/test_memory.py``; CUDA's fused attention keeps the same tensors).
+    Once per token: the token ids (8 bytes) and the final norm (``(2C + 1) x 4``). Once per
+    scored position (``seq_len - 1`` per sequence: the last has no next token): the chunked
+    head's loss (``model.chunked_loss``) keeps the gradient of the head's input (fp32 C, or 2
+    bytes per entry under autocast) and the position's index (8 bytes), and no logits (the plain
+    path, ``return_logits=True``, would add ``4V``). This is exactly what
+    ``measure_saved_bytes`` measures on the CPU (``tests/test_gpu_path.py``; CUDA's fused
+    attention keeps the same tensors). The head weight's gradient (V x C) is kept too, once
+    per micro-batch, not per token: ``loss_peak_bytes``.
 
     >>> from minimind_lib.model.config import MiniMindConfig
     >>> full = activation_bytes(MiniMindConfig(), 1, 512)
     >>> checkpointed = activation_bytes(MiniMindConfig(), 1, 512, checkpointing=True)
     >>> round(full / 2**20), round(checkpointed / full, 3)
-    (172, 0.137)
+    (159, 0.069)
     """
     if precision not in DTYPE_BYTES:
         raise ValueError(f"precision must be one of {', '.join(DTYPE_BYTES)}, got {precision!r}")
-    c, h, v = config.hidden_size, config.num_attention_heads, config.vocab_size
+    c, h = config.hidden_size, config.num_attention_heads
     k = config.num_key_value_heads * config.head_dim
     i = config.intermediate_size
     norms = 2 * (2 * c + 1) * 4
@@ -93,17 +98,20 @@ def activation_bytes(config: MiniMindConfig, batch: int, seq_len: int, precision
         per_layer = norms + (4 * c + 2 * k + 4 * i + h) * 4  # linear inputs 2C, attention, MLP
     else:
         per_layer = norms + 2 * (5 * c + 2 * c + 2 * k + 4 * i) + 4 * h
-    head_input = 4 * c if precision == "fp32" else 2 * c
-    head = (2 * c + 1) * 4 + head_input + 4 * v
-    return batch * seq_len * (config.num_hidden_layers * per_layer + head + 16)
+    per_token = config.num_hidden_layers * per_layer + (2 * c + 1) * 4 + 8
+    per_scored = (4 * c if precision == "fp32" else 2 * c) + 8  # d loss / d hidden, index
+    return batch * (seq_len * per_token + (seq_len - 1) * per_scored)
 
 
-def backward_peak_bytes(config: MiniMindConfig, batch: int, seq_len: int,
-                        precision: str = "fp32") -> int:
-    """Extra bytes at the start of backward: the gradient of the logits (fp32 ``4V`` per token,
-    plus the 2-byte logits' own gradient under autocast). An estimate, not measured here."""
-    per_token = 4 * config.vocab_size + (0 if precision == "fp32" else 2 * config.vocab_size)
-    return batch * seq_len * per_token
+def loss_peak_bytes(config: MiniMindConfig, batch: int, seq_len: int,
+                    precision: str = "fp32") -> int:
+    """Extra bytes while the chunked head's loss runs (``model.chunked_loss``): one chunk's fp32
+    logits (plus their 2-byte copy under autocast) and the head weight's gradient (fp32 V x C
+    summed over the chunks, then kept in the matmul's dtype). An estimate, not measured here."""
+    v, c = config.vocab_size, config.hidden_size
+    rows = min(DEFAULT_CHUNK_SIZE, batch * (seq_len - 1))
+    per_row = 4 * v + (0 if precision == "fp32" else 2 * v)
+    return rows * per_row + 4 * v * c
 
 
 def training_memory(config: MiniMindConfig, batch: int, seq_len: int, precision: str = "bf16",
@@ -115,12 +123,12 @@ def training_memory(config: MiniMindConfig, batch: int, seq_len: int, precision:
 def training_breakdown(config: MiniMindConfig, batch: int, seq_len: int,
                        precision: str = "bf16", checkpointing: bool = False,
                        overhead: int = CUDA_OVERHEAD_BYTES) -> MemoryBreakdown:
-    """Weights, gradients, AdamW state, autocast weight copies, activations (with the logits'
-    gradient at the start of backward), overhead: bytes."""
+    """Weights, gradients, AdamW state, autocast weight copies, activations (with what the head's
+    loss holds while it runs), overhead: bytes."""
     n = model_size(config)[0]
     copies = 2 * n if precision != "fp32" else 0
     activations = (activation_bytes(config, batch, seq_len, precision, checkpointing)
-                   + backward_peak_bytes(config, batch, seq_len, precision))
+                   + loss_peak_bytes(config, batch, seq_len, precision))
     return MemoryBreakdown(4 * n, 4 * n, 8 * n, copies, activations, overhead)
 
 

@@ -48,7 +48,6 @@ from minimind_lib.core.filenames import VISION_CONFIG_FILE, VISION_FILE
 from minimind_lib.model.checkpoint import load_model, load_weights, save_model, save_weights
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import (
-    IGNORE_INDEX,
     CausalLMOutput,
     MiniMindForCausalLM,
     causal_lm_loss,
@@ -266,22 +265,23 @@ class VisionLanguageModel(nn.Module):
         return splice(embeds, input_ids, self.image_embeddings(pixel_values))
 
     def forward(self, input_ids: Tensor, pixel_values: Tensor | None = None,
-                labels: Tensor | None = None) -> CausalLMOutput:
+                labels: Tensor | None = None, return_logits: bool = False) -> CausalLMOutput:
+        """As ``MiniMindForCausalLM.forward``: with ``labels`` the loss and no logits (unless
+        ``return_logits=True``)."""
         hidden, _ = self.lm.model(None, inputs_embeds=self.embed(input_ids, pixel_values))
+        if labels is not None and not return_logits:
+            return CausalLMOutput(None, self.lm.head_loss(hidden, labels))
         logits = self.lm.lm_head(hidden)  # (B, T, V)
         loss = None if labels is None else causal_lm_loss(logits, labels)
         return CausalLMOutput(logits, loss)
 
     def answer_loss(self, input_ids: Tensor, pixel_values: Tensor | None,
                     labels: Tensor) -> Tensor:
-        """``forward(...).loss`` without the full (B, T, V) logits: the LM head runs only at the
-        positions whose next token is supervised (the answer's few), a third of the step's
-        compute saved at this size (the head is 256 x 6,400 of the LM's ~4.6M weights)."""
-        hidden, _ = self.lm.model(None, inputs_embeds=self.embed(input_ids, pixel_values))
-        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T): token t+1
-        keep = targets != IGNORE_INDEX  # (B, T)
-        logits = self.lm.lm_head(hidden[keep]).float()  # (K, V), K supervised positions
-        return F.cross_entropy(logits, targets[keep])
+        """``forward(...).loss``: the LM head runs only at the positions whose next token is
+        supervised (the answer's few; ``MiniMindForCausalLM.head_loss`` drops the others), a
+        third of the step's compute saved at this size (the head is 256 x 6,400 of the LM's
+        ~4.6M weights)."""
+        return self.forward(input_ids, pixel_values, labels).loss
 
     @torch.no_grad()
     def stream(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,

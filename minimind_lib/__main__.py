@@ -208,6 +208,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=batch_size, default=None, metavar="N",
                         help="requests that decode together (continuous batching; default "
                              "32; 1: one after another)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the decoder (the first requests wait while it "
+                             "compiles; measured slower on a CPU, see docs/benchmarks.md)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' (default: $MINIMIND_API_KEY, "
                              "which keeps the key out of the process list; recommended "
@@ -236,6 +239,10 @@ def run_serve(args: argparse.Namespace) -> int:
     check_api_key(api_key)  # before the model loads: a key no client can send is refused now
     check_can_listen(args.host, port)
     model, tokenizer = load_chosen_model(args)
+    if args.compile:
+        from minimind_lib.model.generation import compile_decoder
+
+        compile_decoder(model)
     loopback = args.host in LOOPBACK_HOSTS
     if not loopback and api_key is None:
         print(f"warning: binding {args.host}: the server is reachable from other machines and "

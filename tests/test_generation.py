@@ -10,6 +10,8 @@ checked not to have one.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +22,7 @@ from minimind_lib.model.generation import (
     ContinuousBatch,
     Decoding,
     Row,
+    compile_decoder,
     generate_many,
     left_pad,
     unpad,
@@ -249,3 +252,14 @@ def test_a_cache_that_starts_small_grows_and_answers_the_same():
     assert batch.decoding.cache.capacity == 20  # 2 -> 5 (the prompt) -> 10 -> 20 (17 needed)
     for row, p in zip(rows, ([1, 2, 3, 4, 5], [6], [7, 8]), strict=True):
         assert row.tokens == alone(model, p, 12)
+
+
+def test_a_compiled_decoder_answers_the_same():
+    model = tiny(seed=12)
+    prompts = [[1, 2, 3], [4], [5, 6]]
+    expected = generate_many(model, prompts, 6, batch_size=2)
+    compiled = compile_decoder(copy.deepcopy(model))
+    assert generate_many(compiled, prompts, 6, batch_size=2) == expected
+    assert set(compiled.state_dict()) == set(model.state_dict())  # names unchanged
+    with pytest.raises(TypeError, match="MiniMind decoder"):
+        compile_decoder(torch.nn.Linear(2, 2))

@@ -352,3 +352,21 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_to
         bar.close()
         model.train(was_training)
     return [row.tokens for row in rows]
+
+
+def compile_decoder(model: nn.Module) -> nn.Module:
+    """Compile the trunk of a ``MiniMindForCausalLM`` (or a vision-language model's language
+    model) with ``torch.compile`` for generation, in place (``nn.Module.compile``: the weights
+    and their names stay as they are). ``dynamic=True``: the batch and the cache's span change
+    from step to step, and one graph serves them all. The first steps compile (a minute on a
+    CPU); then each step runs the compiled graph. Returns ``model``.
+
+    Measured (``benchmarks/peers.py compile``): on a CPU decode is slower compiled (the cache's
+    bookkeeping breaks the graph into pieces); ``benchmarks/gpu_check.py`` measures a GPU.
+    """
+    lm = getattr(model, "lm", model)  # a VisionLanguageModel holds its decoder as ``lm``
+    trunk = getattr(lm, "model", None)
+    if trunk is None or not hasattr(trunk, "layers"):
+        raise TypeError(f"compile_decoder needs a MiniMind decoder, got {type(model).__name__}")
+    trunk.compile(dynamic=True)
+    return model

@@ -40,11 +40,13 @@ class CacheView:
     index: int
     positions: Tensor  # (B, T)
     mask: Tensor | None  # (B, 1, T, S), True where a query may attend
+    span: int  # S: the positions the views cover (the longest row's, after the new tokens)
+    start: int | None  # every row's first new position when they are all equal, else None
 
     def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys and values ``k``, ``v`` (B, Hkv, T, D) at ``positions``; return
         the cache's keys and values up to the longest row, (B, Hkv, S, D) views (no copy)."""
-        return self.cache._write(self.index, k, v, self.positions)
+        return self.cache._write(self, k, v)
 
 
 class StaticCache:
@@ -62,6 +64,7 @@ class StaticCache:
         self.lengths = torch.zeros(0, dtype=torch.long)
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
+        self._planned: tuple[Tensor, int, int | None] | None = None  # see ``layer``
 
     @property
     def batch(self) -> int:
@@ -88,7 +91,15 @@ class StaticCache:
         return (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
 
     def layer(self, index: int, positions: Tensor, mask: Tensor | None = None) -> CacheView:
-        return CacheView(self, index, positions, mask)
+        """Layer ``index``'s view for a forward pass writing at ``positions`` (B, T)."""
+        if self._planned is None or self._planned[0] is not positions:
+            # once per forward pass, not per layer: each int() waits for the tensor
+            start = positions[0, 0]
+            aligned = bool((positions[:, 0] == start).all())
+            self._planned = (positions, int(positions.max()) + 1,
+                             int(start) if aligned else None)
+        _, span, start = self._planned
+        return CacheView(self, index, positions, mask, span, start)
 
     def advance(self, n_new: int) -> None:
         """Count ``n_new`` more tokens in every row."""
@@ -120,20 +131,19 @@ class StaticCache:
         self.values[index] = like.new_zeros(shape)
         self.lengths = self.lengths.to(like.device)
 
-    def _write(self, index: int, k: Tensor, v: Tensor, positions: Tensor
-               ) -> tuple[Tensor, Tensor]:
+    def _write(self, view: CacheView, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        index, positions, span = view.index, view.positions, view.span
         B, T = positions.shape
         if B != self.batch or k.shape[0] != B:
             raise ValueError(f"the cache has {self.batch} rows in use, the input {k.shape[0]}")
-        span = int(positions.max()) + 1
         if span > self.capacity:
             raise ValueError(f"the cache holds {self.capacity} positions; position {span - 1} "
                              "does not fit")
         if self.keys[index] is None:
             self._allocate(index, k)
         keys, values = self.keys[index][:B], self.values[index][:B]  # views of the rows in use
-        if bool((positions[:, 0] == positions[0, 0]).all()):  # every row at one length
-            start = int(positions[0, 0])
+        if view.start is not None:  # every row at one length
+            start = view.start
             keys[:, :, start:start + T] = k  # in place, no copy of the past
             values[:, :, start:start + T] = v
         else:

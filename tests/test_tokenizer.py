@@ -40,6 +40,11 @@ from minimind_lib.tokenizer.bpe import (
 )
 from minimind_lib.tokenizer.chat3 import MINIMIND3_CHAT_TEMPLATE  # noqa: E402
 from minimind_lib.tokenizer.special import COURSE_SPECIAL_TOKENS, TOOL_AND_THINK_TOKENS  # noqa: E402
+from minimind_lib.tokenizer.training import (  # noqa: E402
+    count_words,
+    learn_merges,
+    learn_merges_fast,
+)
 
 # --- corpora built in the test --------------------------------------------------------
 
@@ -162,6 +167,47 @@ def test_train_bpe_on_the_bundled_sample_equals_hf():
     texts = [r["text"] for r in read_jsonl(COURSE_CORPUS, "pretrain")][:800]
     ours = train_bpe(texts, 1500, show_progress=False)
     assert ours.to_dict() == train_bpe_fast(texts, 1500).to_dict()
+
+
+# --- the readable trainer and its fast twin (train_bpe runs the twin) --------------------------
+
+
+def learn_both(word_counts: dict[str, int], initial: list[str], vocab_size: int,
+               min_frequency: int) -> list[tuple[list[tuple[int, int, int]], list[str]]]:
+    """(merges, final id_to_token) from ``learn_merges`` and from ``learn_merges_fast``."""
+    runs = []
+    for learn in (learn_merges, learn_merges_fast):
+        id_to_token = list(initial)
+        runs.append((learn(word_counts, id_to_token, vocab_size, min_frequency,
+                           show_progress=False), id_to_token))
+    return runs
+
+
+@pytest.mark.parametrize("kind", sorted(CORPORA))
+@pytest.mark.parametrize("vocab_size,min_frequency", [(300, 0), (1500, 0), (2500, 4)])
+def test_learn_merges_fast_equals_learn_merges(kind, vocab_size, min_frequency):
+    initial = SPECIAL_TOKENS + sorted(bytes_to_unicode().values())  # train_bpe's layout
+    slow, fast = learn_both(count_words(corpus(kind, seed=2)), initial, vocab_size, min_frequency)
+    assert fast == slow
+    assert len(fast[0]) > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(word_counts=st.dictionaries(st.text(alphabet="abc", min_size=1, max_size=12),
+                                   st.integers(1, 4), min_size=1, max_size=12),
+       extra=st.lists(st.sampled_from(["ab", "ba", "aa", "abc", "cab", "bab"]), unique=True),
+       vocab_size=st.integers(3, 40), min_frequency=st.integers(0, 3))
+def test_learn_merges_fast_equals_learn_merges_on_tiny_alphabets(word_counts, extra, vocab_size,
+                                                                 min_frequency):
+    """Three letters make ties, overlaps (``aaa``) and adjacent occurrences (``abab``)
+    common; ``extra`` tokens already spell some merges, so their ids get reused."""
+    slow, fast = learn_both(word_counts, extra + ["a", "b", "c"], vocab_size, min_frequency)
+    assert fast == slow
+
+
+def test_learn_merges_fast_rejects_a_symbol_missing_from_the_vocab():
+    with pytest.raises(KeyError, match="'z'"):
+        learn_merges_fast({"az": 1}, ["a"], 10, show_progress=False)
 
 
 # --- encoding and decoding ---------------------------------------------------------------------

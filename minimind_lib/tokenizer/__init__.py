@@ -23,11 +23,11 @@ then one token per learned merge.  The pipeline, one function per step:
 'lowest<|im_end|>'
 
 The package: ``bpe`` (the byte map, pre-tokenization, ``BPETokenizer``, ``load_tokenizer``),
-``training`` (``count_words``, ``merge_pair``, ``learn_merges``, ``train_bpe``,
-``train_bpe_fast``), ``special`` (the special tokens and the chat template, the only home of
-their strings) and ``chat`` (``apply_chat_template``, ``encode_chat``, MiniMind2's template or
-MiniMind-3's by name, whose renderer is ``chat3``). The names the course uses most are
-importable from here.
+``training`` (``count_words``, ``merge_pair``, ``learn_merges`` and its faster twin
+``learn_merges_fast``, ``train_bpe``, ``train_bpe_fast``), ``special`` (the special tokens and
+the chat template, the only home of their strings) and ``chat`` (``apply_chat_template``,
+``encode_chat``, MiniMind2's template or MiniMind-3's by name, whose renderer is ``chat3``).
+The names the course uses most are importable from here.
 """
 
 from minimind_lib.tokenizer.bpe import BPETokenizer, load_tokenizer

@@ -221,12 +221,16 @@ class _LinearCrossEntropyEager(torch.autograd.Function):
                 end = start + chunk_size
                 hk, tk = hc[start:end], targets[start:end, None]  # (n, C), (n, 1)
                 z = _logits(hk, wc, acc, 1.0)  # (n, V)
-                lse = torch.logsumexp(z, dim=1, keepdim=True)  # (n, 1)
-                total += (lse - z.gather(1, tk)).sum()
+                target = z.gather(1, tk)  # (n, 1)
+                top = z.amax(dim=1, keepdim=True)  # (n, 1): exp cannot overflow below it
                 # (softmax - onehot) / N: the loss's gradient for an incoming gradient of 1,
-                # built in place in z's buffer, then in the matmul's dtype as nn.Linear gets it
-                g = z.sub_(lse).exp_().scatter_add_(1, tk, torch.full_like(lse, -1.0))
-                g = g.div_(n).to(dtype)  # (n, V)
+                # built in place in z's buffer (one exp pass, no (n, V) temporary), then in the
+                # matmul's dtype as nn.Linear gets it
+                e = z.sub_(top).exp_()  # (n, V): exp(z - max)
+                sums = e.sum(dim=1, keepdim=True)  # (n, 1)
+                total += (top + sums.log() - target).sum()  # log-sum-exp - target logit
+                g = e.mul_(1 / (sums * n)).scatter_add_(1, tk, torch.full_like(sums, -1 / n))
+                g = g.to(dtype)  # (n, V)
                 if need_h:
                     grad_h[start:end] = g @ wc  # (n, C)
                 if need_w and g.dtype == acc:

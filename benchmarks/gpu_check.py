@@ -10,6 +10,8 @@
 2. **The seed blog's AMP claims**, measured: bf16 / fp16 speed-up over fp32, and memory saved.
 3. **200 real steps** of the gpu profile on the bundled pretraining text: loss at the start and
    the end, validation loss, tokens/s, and the profile's planned time at that speed.
+4. **Decode**: greedy tokens/s of one prompt and of 32 in one batch (continuous batching),
+   eager and ``torch.compile``d (``serve --compile``), same tokens checked.
 
 Without a CUDA GPU it prints a note and exits 0 (``make bench`` runs every benchmark);
 ``--dry-run`` runs every part with a tiny model on the CPU (the test suite does, so the script
@@ -160,11 +162,54 @@ def main() -> int:
                                   model_config, Path(tmp)))
             print_row(rows[-1])
         real = real_steps(args, device, model_config, Path(tmp))
+    decode = decode_rows(args, device, model_config)
     report(rows, real, time.perf_counter() - t_all)
     if args.json:
         args.json.write_text(json.dumps({"gpu": args.gpu_name, "torch": torch.__version__,
-                                         "rows": rows, "real": real}, indent=2))
+                                         "rows": rows, "real": real, "decode": decode},
+                                        indent=2))
     return 0
+
+
+def decode_rows(args: argparse.Namespace, device: torch.device,
+                model_config: MiniMindConfig) -> list[dict]:
+    """Greedy decode tokens/s, bf16 (fp32 on the dry run): one prompt and 32 prompts of
+    different lengths in one batch (``generate_many``), eager and through ``compile_decoder``
+    (``serve --compile``); the same tokens either way (checked)."""
+    from minimind_lib.model.generation import compile_decoder, generate_many
+
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    torch.manual_seed(0)
+    eager = MiniMindForCausalLM(model_config).to(device, dtype).eval()
+    new = 16 if args.dry_run else 256
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, model_config.vocab_size, (int(n),), generator=g).tolist()
+               for n in torch.randint(16, 128, (32,), generator=g)]
+    variants = [("eager", eager)]
+    if not args.dry_run:  # compiling needs minutes on a CPU
+        variants.append(("compiled", compile_decoder(MiniMindForCausalLM(model_config).to(
+            device, dtype).eval())))
+        variants[1][1].load_state_dict(eager.state_dict())
+    print("\n| decode | prompts | new tokens | tokens/s |\n|---|---|---|---|")
+    rows, answers = [], {}
+    for name, model in variants:
+        for batch in (1, 32):
+            generate_many(model, prompts[:batch], 8, batch_size=batch)  # warm-up (compiles)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = generate_many(model, prompts[:batch], new, batch_size=batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            answers[name, batch] = out
+            rows.append({"row": f"{name}, batch {batch}", "prompts": batch, "new": new,
+                         "tokens_per_s": sum(map(len, out)) / seconds})
+            print(f"| {name} | {batch} | {new} | {rows[-1]['tokens_per_s']:,.0f} |", flush=True)
+    if len(variants) > 1:
+        print("compiled decode gives the eager tokens:",
+              all(answers["compiled", b] == answers["eager", b] for b in (1, 32)))
+    return rows
 
 
 def print_row(r: dict) -> None:

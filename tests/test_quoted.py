@@ -4,7 +4,9 @@ asserts.
 ``course.quoted.check_quoted`` prints and asserts the ranges of a ``QUOTED`` dict; this test
 reads each notebook's boxes and its ``QUOTED`` literals (per profile: ``{"smoke": {...},
 "cpu": {...}}``) and fails on a percentage or a decimal figure in a box that no quoted bound
-matches. (Whole numbers are not read: they are counts, steps and settings as often as figures.)
+matches. A whole number written with a thousands separator (1,069; 17,610) must be a bound of a
+quoted range or a number in the notebook's code (an assert, a setting it checks); smaller whole
+numbers are not read (they are counts, steps and settings as often as figures).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 RANGE = re.compile(r"(\d+(?:\.\d+)?)\s*%?\s*[-–]\s*(\d+(?:\.\d+)?)\s*%")
 #: a decimal figure (2.71, 1,048.5); not one after "=" (a setting: β = 0.1), not in code or maths
 DECIMAL = re.compile(r"(?<![\w.=])(?<!= )(\d[\d,]*\.\d+)(?![\w.])")
+#: a whole number with a thousands separator (1,069), not part of a decimal
+THOUSANDS = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+)(?![\w,]|\.\d)")
 
 
 def _cells(path: Path) -> list[tuple[str, str]]:
@@ -82,6 +86,42 @@ def uncovered(box: str, ranges: list[tuple]) -> list[str]:
         if not any(abs(float(n.replace(",", "")) - v) <= tolerance for v in values):
             missing.add(n)
     return sorted(missing)
+
+
+def code_numbers(path: Path) -> set[float]:
+    """Every int and float literal in the notebook's code cells (``1_069`` included)."""
+    found = set()
+    for kind, source in _cells(path):
+        if kind != "code":
+            continue
+        lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+                found.add(float(node.value))
+    return found
+
+
+def uncovered_counts(box: str, ranges: list[tuple], numbers: set[float]) -> list[str]:
+    """The box's thousands-separated whole numbers that are neither a bound of a range nor a
+    number in the code."""
+    bounds = {float(b) for r in ranges for b in r[:2]} | numbers
+    prose = re.sub(r"\$[^$]*\$", "", re.sub(r"`[^`]*`", "", box))
+    return sorted({n for n in THOUSANDS.findall(prose) if float(n.replace(",", "")) not in bounds})
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_large_whole_number_is_checked(path):
+    ranges, numbers = quoted_ranges(path), code_numbers(path)
+    for box in boxes(path):
+        missing = uncovered_counts(box, ranges, numbers)
+        assert not missing, (f"{path.name}: the box {box[:60]!r}... quotes {missing}, which "
+                             "no QUOTED range or number in the notebook's code checks")
+
+
+def test_uncovered_counts_reads_only_thousands():
+    box = "What you should see: 17,610 conversations, 80 steps, 1,042,138 tokens, 4,458.5 ppl"
+    assert uncovered_counts(box, [], set()) == ["1,042,138", "17,610"]
+    assert uncovered_counts(box, [(17610, 17610, "{:,}")], {1042138.0}) == []
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem not in NOT_YET],

@@ -41,7 +41,8 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers_train, tokenizer_bench
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_bench, peers_train
+from model_bench import train_step_fn  # noqa: E402
 
 from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.course.profiles import get_profile  # noqa: E402
@@ -295,13 +296,13 @@ def bench_compile(reps: int, minimind_dir: str | None = None) -> None:
     eager = MiniMindForCausalLM(config)
     compiled = copy.deepcopy(eager)
     ids = torch.randint(0, config.vocab_size, (4, 256))
-    steps = {name: train_step(m) for name, m in (("eager", eager),
-                                                 ("compiled", torch.compile(compiled)))}
+    steps = {name: train_step_fn(m, ids) for name, m in (("eager", eager),
+                                                         ("compiled", torch.compile(compiled)))}
     start = time.perf_counter()
-    steps["compiled"](ids)
+    steps["compiled"]()
     first = time.perf_counter() - start
-    steps["eager"](ids)
-    times, _ = alternate({k: (lambda f=f: f(ids)) for k, f in steps.items()}, reps)
+    steps["eager"]()
+    times, _ = alternate(steps, reps)
     print(f"4. torch.compile on this CPU, the cpu profile ({clock.__name__}, median of {reps}):")
     print(f"   train step 4x256: eager {times['eager'] * 1e3:.0f} ms, compiled "
           f"{times['compiled'] * 1e3:.0f} ms: {times['eager'] / times['compiled']:.2f}x "
@@ -317,17 +318,6 @@ def bench_compile(reps: int, minimind_dir: str | None = None) -> None:
     print(f"   decode batch 1, 128 tokens: eager {128 / times['eager']:.0f} tok/s, compiled "
           f"{128 / times['compiled']:.0f} tok/s: {times['eager'] / times['compiled']:.2f}x "
           f"(compiling took {first:.0f} s)   same tokens: {outs['eager'] == outs['compiled']}")
-
-
-def train_step(model: torch.nn.Module) -> Callable[[torch.Tensor], None]:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step(ids: torch.Tensor) -> None:
-        model(ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
 
 
 # --- 5. training memory and speed (benchmarks/peers_train.py) --------------------------------

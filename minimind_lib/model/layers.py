@@ -1,5 +1,10 @@
 """The two per-token layers of a block (notebook 03): ``RMSNorm`` (Zhang & Sennrich 2019) and
 the SwiGLU feed-forward ``FeedForward`` (Shazeer 2020), ``down(silu(gate(x)) * up(x))``.
+
+Both run their elementwise maths through a ``torch.autograd.Function`` with a hand-written
+backward (``RMSNormFunction``, ``SiLUMulFunction``): the forward is the same ops as the
+plain expressions, but autograd keeps only the inputs, and the backward recomputes the cheap
+intermediates (``x / rms(x)``, ``silu(gate)``) instead of keeping them for every token.
 """
 
 from __future__ import annotations
@@ -13,16 +18,50 @@ from minimind_lib.model.config import MiniMindConfig
 # --------------------------------------------------------------------------- building blocks
 
 
+class RMSNormFunction(torch.autograd.Function):
+    """``weight * (x / rms(x))``, keeping only ``x`` and the per-row ``1 / rms`` for backward.
+
+    Plain autograd would keep the fp32 copy of ``x``, ``1 / rms`` and the normalised ``x``
+    (one more (..., C) tensor than here); backward recomputes ``x̂ = x / rms(x)`` instead.
+    With ``x̂ = x·r``, ``r = (mean(x²) + eps)^(-1/2)`` and ``ĝ`` the gradient reaching ``x̂``:
+    ``dL/dx = r · (ĝ - x̂ · mean(ĝ ⊙ x̂))`` and ``dL/dweight = Σ_rows g ⊙ x̂``.
+    The maths runs in fp32 (or in x's dtype if wider: float64 for gradcheck).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # (..., C) in fp32
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, rstd, weight)
+        # subtle: cast back BEFORE scaling by the weight, as Llama does, so logits match HF's.
+        return weight * (x32 * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, rstd, weight = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd  # (..., C) fp32, recomputed: the forward's x̂
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            rows = grad * normed.to(x.dtype)  # (..., C)
+            grad_weight = rows.reshape(-1, rows.shape[-1]).sum(0).to(weight.dtype)  # (C,)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_normed = (grad * weight).to(x.dtype).to(rstd.dtype)  # through both casts
+            mean = (grad_normed * normed).mean(-1, keepdim=True)  # (..., 1)
+            grad_x = (rstd * (grad_normed - normed * mean)).to(x.dtype)
+        return grad_x, grad_weight, None
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square LayerNorm (Zhang & Sennrich 2019, eq. 4): ``x / rms(x) * g``.
 
     No mean subtraction and no bias.  Computed in fp32 even under bf16/fp16 autocast
     (the mean of squares overflows / loses precision in half types), then cast back.
-    Built in notebook 03.
+    Built in notebook 03; ``RMSNormFunction`` holds the maths and its backward.
 
     >>> norm = RMSNorm(4)
     >>> norm(torch.tensor([[2.0, -2.0, 2.0, -2.0]]))
-    tensor([[ 1.0000, -1.0000,  1.0000, -1.0000]], grad_fn=<MulBackward0>)
+    tensor([[ 1.0000, -1.0000,  1.0000, -1.0000]], grad_fn=<RMSNormFunctionBackward>)
     """
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
@@ -31,11 +70,38 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()  # (..., C) in fp32
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        # subtle: cast back BEFORE scaling by the weight, as Llama does, so logits match HF's.
-        return self.weight * x.to(dtype)
+        return RMSNormFunction.apply(x, self.weight, self.eps)  # (..., C)
+
+
+class SiLUMulFunction(torch.autograd.Function):
+    """SwiGLU's gating ``silu(gate) * up``, keeping only ``gate`` and ``up`` for backward.
+
+    Plain autograd would also keep ``silu(gate)`` (one more (..., I) tensor per token);
+    backward recomputes it: with ``g`` the gradient of the output, ``dL/dup = g ⊙ silu(gate)``
+    and ``dL/dgate = (g ⊙ up) ⊙ silu'(gate)``, ``silu'(z) = σ(z)(1 + z(1 - σ(z)))``.
+
+    >>> gate, up = torch.tensor([0.0, 1.0], requires_grad=True), torch.tensor([2.0, 3.0])
+    >>> SiLUMulFunction.apply(gate, up).sum().backward()
+    >>> [round(g, 4) for g in gate.grad.tolist()]   # 2 * silu'(0) = 2 * 0.5; 3 * silu'(1)
+    [1.0, 2.783]
+    """
+
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up  # (..., I)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        gate, up = ctx.saved_tensors
+        grad_gate = grad_up = None
+        if ctx.needs_input_grad[0]:
+            # silu' through autograd's own fused kernel (one pass, recomputing σ(gate)): the
+            # same ops as plain autograd, so the same gradients bit for bit
+            grad_gate = torch.ops.aten.silu_backward(grad * up, gate)  # (..., I)
+        if ctx.needs_input_grad[1]:
+            grad_up = grad * F.silu(gate)  # (..., I)
+        return grad_gate, grad_up
 
 
 class FeedForward(nn.Module):
@@ -55,5 +121,5 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        # (B, T, C)
-        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        gated = SiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x))  # (B, T, I)
+        return self.dropout(self.down_proj(gated))  # (B, T, C)

@@ -15,7 +15,7 @@ count is checked against what autograd actually keeps (``tests/test_memory.py``)
 
 >>> from minimind_lib.model.config import MiniMindConfig
 >>> gib = training_memory(MiniMindConfig(), batch=16, seq_len=512, precision="bf16") / 2**30
->>> 2.5 < gib < 3   # MiniMind2-Small, 16 x 512 tokens per micro-batch, bf16 autocast
+>>> 2 < gib < 2.5   # MiniMind2-Small, 16 x 512 tokens per micro-batch, bf16 autocast
 True
 """
 
@@ -61,17 +61,18 @@ def activation_bytes(config: MiniMindConfig, batch: int, seq_len: int, precision
     ``H`` = heads, ``V`` = vocabulary. The residual stream and RMSNorm's math are fp32 in
     every precision. Per layer:
 
-    * fp32: each RMSNorm keeps its input, the normalised x and one rsqrt (2C + 1), each linear
-      input is the same fp32 tensor (q/k/v share one: C; gate/up share one: C), attention
-      keeps q, k, v, its output and one log-sum-exp per head (2C + 2K + H), the MLP keeps
-      gate, silu(gate), up and their product (4I): ``(8C + 2K + 4I + H + 2) x 4`` bytes;
-    * bf16/fp16 autocast: the norms as above (``2 x (2C + 1) x 4``), but each linear casts
+    * fp32: each RMSNorm keeps its input and one rsqrt per row (C + 1: ``RMSNormFunction``
+      recomputes the normalised x in backward), each linear input is the same fp32 tensor
+      (q/k/v share one: C; gate/up share one: C), attention keeps q, k, v, its output and one
+      log-sum-exp per head (2C + 2K + H), the MLP keeps gate, up and their product (3I:
+      ``SiLUMulFunction`` recomputes silu(gate)): ``(6C + 2K + 3I + H + 2) x 4`` bytes;
+    * bf16/fp16 autocast: the norms as above (``2 x (C + 1) x 4``), but each linear casts
       its input to a 2-byte copy of its own (q, k, v: 3C; gate, up: 2C) and everything else
-      is 2 bytes (attention ``2C + 2K`` plus the fp32 log-sum-exp ``4H``, MLP ``4I``):
-      ``(16C + 8) + 2(5C + 2C + 2K + 4I) + 4H`` bytes;
+      is 2 bytes (attention ``2C + 2K`` plus the fp32 log-sum-exp ``4H``, MLP ``3I``):
+      ``(8C + 8) + 2(5C + 2C + 2K + 3I) + 4H`` bytes;
     * with checkpointing, only the layer's input: ``4C`` bytes.
 
-    Once per token: the token ids (8 bytes) and the final norm (``(2C + 1) x 4``). Once per
+    Once per token: the token ids (8 bytes) and the final norm (``(C + 1) x 4``). Once per
     scored position (``seq_len - 1`` per sequence: the last has no next token): the chunked
     head's loss (``model.chunked_loss``) keeps the gradient of the head's input (fp32 C, or 2
     bytes per entry under autocast) and the position's index (8 bytes), and no logits (the plain
@@ -84,21 +85,21 @@ def activation_bytes(config: MiniMindConfig, batch: int, seq_len: int, precision
     >>> full = activation_bytes(MiniMindConfig(), 1, 512)
     >>> checkpointed = activation_bytes(MiniMindConfig(), 1, 512, checkpointing=True)
     >>> round(full / 2**20), round(checkpointed / full, 3)
-    (159, 0.069)
+    (120, 0.083)
     """
     if precision not in DTYPE_BYTES:
         raise ValueError(f"precision must be one of {', '.join(DTYPE_BYTES)}, got {precision!r}")
     c, h = config.hidden_size, config.num_attention_heads
     k = config.num_key_value_heads * config.head_dim
     i = config.intermediate_size
-    norms = 2 * (2 * c + 1) * 4
+    norms = 2 * (c + 1) * 4
     if checkpointing:
         per_layer = 4 * c
     elif precision == "fp32":
-        per_layer = norms + (4 * c + 2 * k + 4 * i + h) * 4  # linear inputs 2C, attention, MLP
+        per_layer = norms + (4 * c + 2 * k + 3 * i + h) * 4  # linear inputs 2C, attention, MLP
     else:
-        per_layer = norms + 2 * (5 * c + 2 * c + 2 * k + 4 * i) + 4 * h
-    per_token = config.num_hidden_layers * per_layer + (2 * c + 1) * 4 + 8
+        per_layer = norms + 2 * (5 * c + 2 * c + 2 * k + 3 * i) + 4 * h
+    per_token = config.num_hidden_layers * per_layer + (c + 1) * 4 + 8
     per_scored = (4 * c if precision == "fp32" else 2 * c) + 8  # d loss / d hidden, index
     return batch * (seq_len * per_token + (seq_len - 1) * per_scored)
 

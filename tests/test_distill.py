@@ -3,6 +3,8 @@ written out and against ``F.kl_div``; the engine's loss on an SFT batch; black-b
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ from minimind_lib.evaluation.questions import reply
 from minimind_lib.model.checkpoint import load_model
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer import encode_chat, load_tokenizer
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, copy_tokenizer_files
 from minimind_lib.training.distill import DistillLoss, kd_loss, teacher_answers
 
 TOK = load_tokenizer()
@@ -122,3 +125,45 @@ def test_teacher_answers_replace_the_last_reply_with_the_teachers_finished_one()
     assert kept[0] == len(conversations) > kept[1]  # 2 tokens cut some answers short
     with pytest.raises(ValueError, match="assistant turn"):
         teacher_answers(teacher, TOK, [[{"role": "user", "content": "hi"}]], 4)
+
+
+@pytest.mark.parametrize("mode", ["logits", "answers", "none"])
+def test_distill_stage_trains_a_smaller_student_in_every_mode(tmp_path, capsys, mode):
+    """`distill --init data/reference/sft` on a shrunken smoke profile: a student of the
+    configured shape, metrics with the same validation in every mode (ce and kd logged when it
+    learns from the logits), eval.json with the teacher and the student."""
+    from dataclasses import replace
+
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.course.stages import STAGES, StageContext
+
+    smoke = get_profile("smoke")
+    profile = replace(smoke, eval_per_task=2,
+                      distill=replace(smoke.distill, max_steps=2, eval_every=2, save_every=2,
+                                      warmup_steps=1, max_examples=24, mode=mode,
+                                      answer_tokens=16))
+    copy_tokenizer_files(COURSE_TOKENIZER_DIR, tmp_path / "tokenizer")
+    ctx = StageContext("distill", profile, tmp_path, device="cpu", precision="fp32",
+                       progress=False, init=REFERENCE)
+    ctx.out_dir.mkdir()
+    summary = STAGES["distill"].run(ctx)
+    rows = [json.loads(line) for line in (ctx.out_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2] and "val_loss" in rows[-1]
+    assert ({"ce", "kd"} <= set(rows[0])) == (mode == "logits")
+    student = load_model(ctx.out_dir)
+    assert (student.config.hidden_size, student.config.num_hidden_layers) == (128, 4)
+    saved = json.loads((ctx.out_dir / "eval.json").read_text())
+    assert set(saved["models"]) == {"teacher", "student"} and saved["mode"] == mode
+    assert summary["student_parameters"] == student.num_parameters() < \
+        saved["parameters"]["teacher"]
+    assert "held-out questions" in capsys.readouterr().out
+
+
+def test_distill_settings_are_checked():
+    from minimind_lib.training.distill import DistillSettings
+
+    for bad, words in (({"alpha": 2.0}, "alpha"), ({"mode": "soft"}, "mode"),
+                       ({"student_hidden_size": 100, "student_heads": 3}, "multiple"),
+                       ({"temperature": 0.0}, "temperature")):
+        with pytest.raises(ValueError, match=words):
+            DistillSettings(**bad)

@@ -168,3 +168,11 @@ def dpo_pairs(profile: Profile, policy: MiniMindForCausalLM, tokenizer: BPEToken
               "the validation loss is the offline pairs'")
         val_set = None
     return train_set, val_set, per_task
+
+
+def distill_conversations(profile: Profile, max_examples: int | None) -> list[list[dict]]:
+    """The ``distill`` stage's training conversations: the SFT data's first ``max_examples``
+    (None: all) without tools offered (a small student has no room for the tool schemas)."""
+    records = (r["conversations"] for r in sft_records(dataset_files("sft", profile.data_dir))
+               if not offers_tools(r["conversations"]))
+    return list(itertools.islice(records, max_examples))

@@ -2,7 +2,8 @@
 
 This is the stage layer: it imports the concept modules (tokenizer, data, model, train, sft,
 dpo, quantize, formats, evaluate, checkpoint) and never the other way round. A stage is a
-function ``fn(ctx: StageContext) -> dict`` registered with ``@register``: it writes
+function ``fn(ctx: StageContext) -> dict`` registered with ``@register``
+(``course.stage_registry``, re-exported here): it writes
 ``ctx.out_dir`` and returns a json-able summary. ``minimind_lib.course.pipeline.ensure`` runs
 it (and its prerequisites) when its output is missing or stale, and each registered stage is a
 CLI command (``python -m minimind_lib <stage>``). The registry is the one list of stages: its
@@ -17,7 +18,7 @@ A new stage goes here::
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
-['tokenizer', 'pretrain', 'sft', 'dpo', 'grpo', 'quantize', 'vision', 'lora']
+['tokenizer', 'pretrain', 'sft', 'dpo', 'grpo', 'quantize', 'vision', 'lora', 'distill']
 >>> STAGES["sft"].requires, STAGES["sft"].starts_from
 (('tokenizer', 'pretrain'), 'pretrain')
 """
@@ -26,14 +27,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 
 import torch
 
 from minimind_lib.core.atomic import atomic_write_text, read_json_lines
-from minimind_lib.core.checked_files import FileProblem, read_json
+from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.device import seed_everything
 from minimind_lib.core.filenames import (
     ADAPTER_CONFIG_FILE,
@@ -41,16 +40,15 @@ from minimind_lib.core.filenames import (
     CLIP_DIR,
     EVAL_FILE,
     FORMATS_FILE,
-    MARKER_FILE,
     MERGED_DIR,
     METRICS_FILE,
     PRETOKENIZED_META,
     TOKENIZER_FILE,
     VLM_DIR,
 )
-from minimind_lib.course.profiles import Profile
 from minimind_lib.course.stage_data import (
     course_tokenizer_files,
+    distill_conversations,
     dpo_pairs,
     dpo_sources,
     lora_training_records,
@@ -66,6 +64,14 @@ from minimind_lib.course.stage_eval import (
     stored_eval,
     training_summary,
     write_eval,
+)
+from minimind_lib.course.stage_registry import (  # noqa: F401 (re-exported)
+    STAGES,
+    Stage,
+    StageContext,
+    get_stage,
+    read_marker,
+    register,
 )
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split
@@ -83,6 +89,7 @@ from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.model.int8 import FORMAT as INT8_FORMAT
 from minimind_lib.model.quantize import quantize_int8
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer, copy_tokenizer_files
+from minimind_lib.training.distill import student_config, train_distill
 from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.dpo import (
     evaluate_preferences,
@@ -111,131 +118,6 @@ from minimind_lib.vision.recipe import (
     vision_table,
 )
 from minimind_lib.vision.vlm import build_vlm, save_vlm
-
-
-@dataclass
-class StageContext:
-    """What a stage function gets: the profile, where to write and how to run."""
-
-    stage: str
-    profile: Profile
-    root: Path  # <root>/<stage>/ for every stage
-    resume: bool = False
-    device: str | None = None
-    precision: str = "auto"
-    progress: bool = True
-    callbacks: list[Callable[[dict], None]] = field(default_factory=list)
-    init: Path | None = None  # --init: the model folder to start from instead of the default
-
-    def dir(self, stage: str) -> Path:
-        """The output folder of ``stage`` (e.g. a prerequisite's)."""
-        return self.root / stage
-
-    def start_dir(self) -> Path:
-        """The model this stage starts from: ``--init`` when given, else the output of the stage
-        it ``starts_from`` (sft: pretrain, dpo: sft, ...)."""
-        if self.init is not None:
-            return self._same_tokenizer(self.init)
-        default = get_stage(self.stage).starts_from
-        if default is None:
-            raise ValueError(f"stage {self.stage!r} does not start from a model")
-        return self._same_tokenizer(self.dir(default))
-
-    def _same_tokenizer(self, folder: Path) -> Path:
-        """``folder``, once its model's tokenizer (when it ships one) is the run's: other ids
-        would feed the model tokens it never learned."""
-        theirs, ours = folder / TOKENIZER_FILE, self.dir("tokenizer") / TOKENIZER_FILE
-        if theirs.is_file() and ours.is_file():
-            a, b = BPETokenizer.from_file(theirs), BPETokenizer.from_file(ours)
-            if a.vocab != b.vocab or a.merges != b.merges:
-                raise ValueError(f"{folder}: its model was trained with another tokenizer than "
-                                 f"this run's ({ours}); retrain it with this tokenizer (for the "
-                                 "shipped reference: make reference) or start from this run's "
-                                 "own stages")
-        return folder
-
-    @property
-    def out_dir(self) -> Path:
-        return self.dir(self.stage)
-
-    def tokenizer(self) -> BPETokenizer:
-        """The run's tokenizer (the ``tokenizer`` stage's copy)."""
-        return BPETokenizer.from_file(self.dir("tokenizer") / TOKENIZER_FILE)
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A registered stage: what it needs, reads and makes. Every list of stages elsewhere (the
-    CLI's commands, ``all``, the report, the plan, the fingerprints) is derived from these."""
-
-    name: str
-    run: Callable[[StageContext], dict]  # writes ctx.out_dir; returns a json-able summary
-    requires: tuple[str, ...] = ()
-    description: str = ""
-    distributed: bool = False  # True: every torchrun rank runs it; False: rank 0 only
-    sources: Callable[[Profile], list[Path]] | None = None  # files it reads (-> fingerprint)
-    in_all: bool = True  # part of ``python -m minimind_lib all``
-    serves: bool = False  # its folder is a chat model `serve` / `chat` may pick by default
-    starts_from: str | None = None  # the stage whose model it starts from (``--init`` replaces)
-    settings: str | None = None  # the Profile field holding its hyper-parameters
-    evaluates: bool = False  # it scores models on profile.eval_per_task questions a task
-    title: str = ""  # its section of report.md ("": none)
-    curves: tuple[str, ...] | None = None  # metrics plotted beside loss and lr (None: no plot)
-    validation: str = ""  # what its validation curve measures, one line (report.md says it)
-    training: str = ""  # what its training loss curve averages, one line (report.md says it)
-
-    def inputs(self, profile: Profile) -> list[Path]:
-        """The files this stage reads besides its prerequisites' folders (an error naming the
-        ``download`` command when training data is missing)."""
-        return self.sources(profile) if self.sources is not None else []
-
-    def settings_in(self, profile: Profile) -> object | None:
-        """This stage's hyper-parameters in ``profile`` (None: it has none)."""
-        return getattr(profile, self.settings) if self.settings is not None else None
-
-
-STAGES: dict[str, Stage] = {}
-
-
-def register(name: str, **fields: object):
-    """Decorator adding a stage function to ``STAGES`` (and so to ``ensure``, the CLI, the
-    report and the plan); ``fields`` are ``Stage``'s. ``starts_from`` (a stage in ``requires``)
-    is the model it builds on, which ``--init`` can replace; ``settings`` names a field of
-    ``Profile``."""
-    def wrap(fn: Callable[[StageContext], dict]) -> Callable[[StageContext], dict]:
-        stage = Stage(name, fn, **fields)
-        missing = [r for r in stage.requires if r not in STAGES]
-        if missing:
-            raise ValueError(f"stage {name!r} requires {missing}, registered after it")
-        if stage.starts_from is not None and stage.starts_from not in stage.requires:
-            raise ValueError(f"stage {name!r} starts from {stage.starts_from!r}, not in its "
-                             "requires")
-        if stage.settings is not None and stage.settings not in Profile.__dataclass_fields__:
-            raise ValueError(f"stage {name!r}: settings {stage.settings!r} is not a Profile field")
-        STAGES[name] = stage
-        return fn
-    return wrap
-
-
-def get_stage(name: str) -> Stage:
-    """The registered stage ``name``; an unknown name is an error listing the stages."""
-    if name not in STAGES:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
-    return STAGES[name]
-
-
-def read_marker(stage_dir: Path) -> dict | None:
-    """The ``stage.json`` of a finished stage, or None. A damaged one (cut short by a full disk,
-    edited) is an error naming it and saying how to go on."""
-    path = Path(stage_dir) / MARKER_FILE
-    if not path.is_file():
-        return None
-    try:
-        return read_json(path)
-    except FileProblem as e:
-        raise FileProblem(f"{e}; the stage's record is damaged: move or delete {stage_dir} "
-                          "and run the stage again") from None
-
 
 # --- the stages, in order ------------------------------------------------------------------
 
@@ -598,3 +480,50 @@ def lora_stage(ctx: StageContext) -> dict:
             "adapter_files": [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE], "merged": MERGED_DIR,
             "exact_match": {n: {fam: s.exact_match for fam, s in summarize(e.tasks).items()}
                             for n, e in evals.items()}}
+
+
+@register("distill", requires=("tokenizer", "sft"), starts_from="sft", in_all=False,
+          sources=training_data("sft"), settings="distill", evaluates=True,
+          title="Distillation", curves=("ce", "kd"),
+          validation="answer-only cross-entropy of the held-out questions' reference replies "
+                     "(the same in every mode, so the modes compare)",
+          training="alpha x the answer tokens' cross-entropy + (1 - alpha) x T^2 KL(teacher || "
+                   "student) on them (mode logits); the answer-only cross-entropy on the "
+                   "teacher's answers (answers) or the reference ones (none)",
+          description="knowledge distillation of the SFT model (the teacher) into a smaller "
+                      "student: its logits (distill.mode=logits), its generated answers "
+                      "(answers), or neither, the baseline at equal steps (none); evaluates the "
+                      "teacher and the student")
+def distill_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft, or ``--init DIR``: the teacher) -> a new, smaller student
+    trained with ``profile.distill`` on the SFT data's task conversations -> ``ctx.out_dir``
+    (a ``load_model`` folder, ``metrics.jsonl``, ``eval.json`` with the teacher and the student
+    on the held-out questions). Not part of ``all``: the student is a side branch, not a step
+    toward the served model."""
+    profile, settings = ctx.profile, ctx.profile.distill
+    tokenizer = ctx.tokenizer()
+    teacher = load_model(ctx.start_dir()).eval()
+    conversations = distill_conversations(profile, settings.max_examples)
+    seed_everything(profile.seed)
+    student = MiniMindForCausalLM(student_config(teacher.config, settings))
+    print(f"distill: teacher {teacher.num_parameters() / 1e6:.2f}M parameters, student "
+          f"{student.num_parameters() / 1e6:.2f}M, mode {settings.mode}, "
+          f"{len(conversations):,} conversations")
+    rows = train_distill(student, teacher, tokenizer, conversations, settings,
+                         held_out=load_eval_records(), seed=profile.seed, options=profile.train,
+                         out_dir=ctx.out_dir, resume=ctx.resume, precision=ctx.precision,
+                         device=ctx.device, progress=ctx.progress, callbacks=ctx.callbacks)
+    student, teacher = student.cpu(), teacher.cpu()
+    save_model(student, ctx.out_dir)
+    copy_tokenizer_files(ctx.dir("tokenizer"), ctx.out_dir)
+    evals = {"teacher": _start_eval(ctx, teacher, tokenizer),
+             "student": profile_eval(student, tokenizer, profile, ctx.progress)}
+    write_eval(ctx.out_dir, profile.eval_per_task, evals, mode=settings.mode,
+               alpha=settings.alpha, temperature=settings.temperature,
+               parameters={"teacher": teacher.num_parameters(),
+                           "student": student.num_parameters()})
+    print("held-out questions\n" + eval_report(evals))
+    return {**training_summary(rows), "mode": settings.mode, "eval": EVAL_FILE,
+            "student_parameters": student.num_parameters(),
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "perplexity": {n: e.perplexity for n, e in evals.items()}}

@@ -30,19 +30,81 @@ teacher *generated* (``teacher_answers``), as when the teacher is an API.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minimind_lib.core.device import pick_device, pick_precision
+from minimind_lib.data.conversations import SFTDataset
 from minimind_lib.evaluation.questions import reply
 from minimind_lib.model.chunked_loss import IGNORE_INDEX
+from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.generation import generate_many
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import encode_chat
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
+from minimind_lib.training.loop import default_loss, evaluate_loss, train
+from minimind_lib.training.settings import RunOptions, TrainConfig, TrainSettings, require_positive
+
+#: what the student learns from: the teacher's logits (white-box), its generated answers
+#: (black-box), or neither (the reference answers alone: the baseline at equal steps)
+MODES = ("logits", "answers", "none")
+
+
+@dataclass(frozen=True)
+class DistillSettings(TrainSettings):
+    """The ``distill`` stage's hyper-parameters: a ``TrainSettings`` for the student's run, the
+    loss (``alpha``, ``temperature``: MiniMind's defaults), what the student learns from
+    (``mode``, see ``MODES``), the teacher's answer budget in black-box mode, and the student's
+    shape: the teacher's config with these fields changed (``student_config``).
+
+    >>> DistillSettings(mode="soft")
+    Traceback (most recent call last):
+    ...
+    ValueError: DistillSettings.mode is 'soft'; choose one of logits, answers, none
+    """
+
+    alpha: float = 0.5
+    temperature: float = 1.5
+    mode: str = "logits"
+    answer_tokens: int = 64  # black-box: the teacher's budget per answer
+    student_hidden_size: int = 128
+    student_layers: int = 4
+    student_heads: int = 4
+    student_kv_heads: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        require_positive(self, "temperature", "answer_tokens", "student_hidden_size",
+                         "student_layers", "student_heads", "student_kv_heads")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"{name}.alpha must be in [0, 1], got {self.alpha}")
+        if self.mode not in MODES:
+            raise ValueError(f"{name}.mode is {self.mode!r}; choose one of {', '.join(MODES)}")
+        if (self.student_hidden_size % self.student_heads
+                or self.student_heads % self.student_kv_heads):
+            raise ValueError(f"{name}: student_hidden_size ({self.student_hidden_size}) must be a "
+                             f"multiple of student_heads ({self.student_heads}), and that of "
+                             f"student_kv_heads ({self.student_kv_heads})")
+
+
+def student_config(teacher: MiniMindConfig, settings: DistillSettings) -> MiniMindConfig:
+    """The teacher's config (vocabulary, positions, RoPE, norms) at the student's size.
+
+    >>> c = student_config(MiniMindConfig(hidden_size=256), DistillSettings())
+    >>> c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.vocab_size
+    (128, 4, 384, 6400)
+    """
+    return replace(teacher, hidden_size=settings.student_hidden_size,
+                   num_hidden_layers=settings.student_layers,
+                   num_attention_heads=settings.student_heads,
+                   num_key_value_heads=settings.student_kv_heads, intermediate_size=None,
+                   head_dim=None, use_moe=False)
 
 
 def kd_loss(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -139,3 +201,40 @@ def teacher_answers(teacher: nn.Module, tokenizer: BPETokenizer,
         if answer.follows_format:
             out.append(context + [{"role": "assistant", "content": answer.text}])
     return out
+
+
+def train_distill(student: nn.Module, teacher: nn.Module, tokenizer: BPETokenizer,
+                  conversations: Sequence[Sequence[dict]], settings: DistillSettings, *,
+                  held_out: Iterable[dict], seed: int, options: RunOptions | None = None,
+                  out_dir: str | Path | None = None, resume: bool = False,
+                  precision: str = "auto", device: str | None = None, progress: bool = True,
+                  callbacks: Iterable[Callable[[dict], None]] = ()) -> list[dict]:
+    """Train ``student`` in place on ``conversations`` as ``settings.mode`` says: the teacher's
+    logits (``DistillLoss``), the teacher's answers (``teacher_answers``, then the plain
+    answer-only loss), or the reference answers alone. The validation curve is the same for
+    every mode: the answer tokens' cross-entropy on the ``held_out`` records' reference replies
+    (``val_loss``), so the modes compare. Returns the metrics rows."""
+    if settings.mode == "answers":
+        teacher.to(pick_device(device))
+        conversations = teacher_answers(teacher, tokenizer, conversations, settings.answer_tokens,
+                                        batch_size=64, progress=progress)
+        print(f"distill: the teacher finished {len(conversations):,} answers")
+    train_set = SFTDataset(({"conversations": c} for c in conversations), tokenizer,
+                           settings.seq_len, max_examples=settings.max_examples,
+                           progress=progress)
+    validation = SFTDataset(held_out, tokenizer, settings.seq_len, progress=False)
+    config = TrainConfig.from_stage(settings, options, out_dir=out_dir, precision=precision,
+                                    device=device, seed=seed, progress=progress)
+    loss_fn = (DistillLoss(teacher.to(pick_device(device)), settings.alpha, settings.temperature)
+               if settings.mode == "logits" else default_loss)
+    run_device = pick_device(device)
+    run_precision = pick_precision(run_device, precision)
+
+    def answer_loss(model: nn.Module) -> dict[str, float]:
+        return {"val_loss": evaluate_loss(model, validation, batch_size=settings.batch_size,
+                                          max_batches=settings.eval_batches, device=run_device,
+                                          precision=run_precision,
+                                          collate_fn=validation.collate)}
+
+    return train(student, train_set, config, loss_fn=loss_fn, collate_fn=train_set.collate,
+                 resume=resume, callbacks=list(callbacks), eval_fn=answer_loss)

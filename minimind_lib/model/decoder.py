@@ -118,10 +118,10 @@ class MiniMindModel(nn.Module):
                              f"the model has {len(self.layers)}")
         T = given.shape[1]
         if static:
-            positions = past_key_values.positions(T)  # (B, T): each row's own
-            mask = past_key_values.mask(positions)  # None when every row is equally long
-            start, end = int(positions[0, 0]), int(positions.max()) + 1
-            pasts = [past_key_values.layer(i, positions, mask) for i in range(len(self.layers))]
+            # each row's positions and a mask, or (every row at one length) plain ints
+            plan = past_key_values.prepare(T)
+            positions, mask, start, end = plan.positions, plan.mask, plan.start or 0, plan.span
+            pasts = [past_key_values.layer(i) for i in range(len(self.layers))]
         else:
             start = past_key_values[0][0].shape[2] if past_key_values else 0
             end, positions, mask = start + T, None, None

@@ -17,7 +17,8 @@ prefilled in a cache of its own) between steps.
 >>> cache = StaticCache(num_layers=1, capacity=4)
 >>> cache.lengths = torch.zeros(1, dtype=torch.long)   # one empty row
 >>> k = torch.ones(1, 1, 2, 3)                          # (B, Hkv, T, D): two new positions
->>> k_all, _ = cache.layer(0, cache.positions(2)).write(k, k)
+>>> _ = cache.prepare(2)                                # once per forward pass
+>>> k_all, _ = cache.layer(0).write(k, k)               # in every layer
 >>> cache.advance(2); cache.lengths.tolist(), k_all.shape
 ([2], torch.Size([1, 1, 2, 3]))
 """
@@ -30,6 +31,19 @@ import torch
 from torch import Tensor
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One forward pass over a ``StaticCache`` (``StaticCache.prepare``): the new tokens'
+    positions (B, T) and the mask (B, 1, T, S), both None when every row is at one length;
+    then ``start``, that length, is where every row's new tokens go. ``span``: the positions
+    the cache's views cover after them (the longest row's)."""
+
+    positions: Tensor | None
+    mask: Tensor | None
+    start: int | None
+    span: int
+
+
 @dataclass
 class CacheView:
     """One layer's part of a ``StaticCache`` during one forward pass: where the new keys go
@@ -38,7 +52,7 @@ class CacheView:
 
     cache: StaticCache
     index: int
-    positions: Tensor  # (B, T)
+    positions: Tensor | None  # (B, T); None when every row is at one length (``start``)
     mask: Tensor | None  # (B, 1, T, S), True where a query may attend
     span: int  # S: the positions the views cover (the longest row's, after the new tokens)
     start: int | None  # every row's first new position when they are all equal, else None
@@ -64,7 +78,26 @@ class StaticCache:
         self.lengths = torch.zeros(0, dtype=torch.long)
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
-        self._planned: tuple[Tensor, int, int | None] | None = None  # see ``layer``
+        self._plan: Plan | None = None  # the forward pass under way (``prepare``)
+
+    @property
+    def lengths(self) -> Tensor:
+        """(B,) the length of each row in use."""
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: Tensor) -> None:
+        self._lengths = value
+        self._uniform: int | None | bool = False  # not known yet (``uniform_length``)
+
+    def uniform_length(self) -> int | None:
+        """The rows' common length when they are all equally long, else None (computed once
+        per change of ``lengths``: each comparison would wait for the tensor)."""
+        if self._uniform is False:
+            lengths = self._lengths
+            same = len(lengths) > 0 and bool((lengths == lengths[0]).all())
+            self._uniform = int(lengths[0]) if same else None
+        return self._uniform
 
     @property
     def batch(self) -> int:
@@ -90,20 +123,34 @@ class StaticCache:
         keys = torch.arange(span, device=positions.device)  # (S,)
         return (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
 
-    def layer(self, index: int, positions: Tensor, mask: Tensor | None = None) -> CacheView:
-        """Layer ``index``'s view for a forward pass writing at ``positions`` (B, T)."""
-        if self._planned is None or self._planned[0] is not positions:
-            # once per forward pass, not per layer: each int() waits for the tensor
-            start = positions[0, 0]
-            aligned = bool((positions[:, 0] == start).all())
-            self._planned = (positions, int(positions.max()) + 1,
-                             int(start) if aligned else None)
-        _, span, start = self._planned
-        return CacheView(self, index, positions, mask, span, start)
+    def prepare(self, n_new: int) -> Plan:
+        """Plan a forward pass that adds ``n_new`` tokens to every row, once for all layers:
+        where they go and which keys each query reads. When every row is at one length the plan
+        is plain ints (no position tensor, no mask: the causal mask of the views is right for
+        every row); otherwise each row's positions and the mask."""
+        common = self.uniform_length()
+        if common is not None:
+            self._plan = Plan(None, None, common, common + n_new)
+        else:
+            positions = self.positions(n_new)  # (B, T)
+            self._plan = Plan(positions, self.mask(positions), None,
+                              int(positions.max()) + 1)
+        return self._plan
+
+    def layer(self, index: int) -> CacheView:
+        """Layer ``index``'s view of the forward pass ``prepare`` planned."""
+        if self._plan is None:
+            raise RuntimeError("call prepare(n_new) before a forward pass")
+        plan = self._plan
+        return CacheView(self, index, plan.positions, plan.mask, plan.span, plan.start)
 
     def advance(self, n_new: int) -> None:
         """Count ``n_new`` more tokens in every row."""
-        self.lengths = self.lengths + n_new
+        common = self._uniform
+        self.lengths = self._lengths + n_new
+        if common is not False:  # still known: all rows moved alike
+            self._uniform = None if common is None else common + n_new
+        self._plan = None
 
     def reserve(self, capacity: int) -> None:
         """Grow to hold ``capacity`` positions a row (a no-op when it already does): the kept
@@ -133,7 +180,7 @@ class StaticCache:
 
     def _write(self, view: CacheView, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         index, positions, span = view.index, view.positions, view.span
-        B, T = positions.shape
+        B, T = k.shape[0], k.shape[2]
         if B != self.batch or k.shape[0] != B:
             raise ValueError(f"the cache has {self.batch} rows in use, the input {k.shape[0]}")
         if span > self.capacity:

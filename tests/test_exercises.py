@@ -234,6 +234,12 @@ WRONG: dict[str, object] = {
                                                             text, re.S)],
     "14.2": _walker_with_power,
     "14.3": lambda got, want: got == want,
+    # notebook 16: the gradient without the T^2 in front of the KL; the teacher's top token as
+    # a hard label instead of its distribution; every teacher answer kept, finished or not
+    "16.1": lambda s, t, T: (torch.softmax(s / T, -1) - torch.softmax(t / T, -1)) / (T * len(s)),
+    "16.2": lambda s, t, T: T ** 2 * torch.nn.functional.cross_entropy(s / T, t.argmax(-1)),
+    "16.3": lambda conversations, answers: [c[:-1] + [{"role": "assistant", "content": a.text}]
+                                            for c, a in zip(conversations, answers, strict=True)],
 }
 
 

@@ -8,7 +8,9 @@ The ``train`` section of ``benchmarks/peers.py`` (issue 32): at MiniMind2-Small'
    storage counted once (by its ``data_ptr``), parameters and buffers excluded (they are not
    activations; our RoPE tables are buffers, Llama recomputes its cos/sin every forward and
    they count). Ours takes the chunked head + loss (``minimind_lib.model.chunked_loss``) and
-   keeps no logits; ``LlamaForCausalLM`` keeps their fp32 log-softmax (B*T x V);
+   keeps no logits; ``LlamaForCausalLM`` keeps their fp32 log-softmax (B*T x V). Ours' RMSNorm
+   and SwiGLU gating keep only their inputs and recompute each norm's normalised x and
+   silu(gate) in backward (``minimind_lib.model.layers``); Llama keeps them;
 2. a training step (forward, backward, AdamW) of each, in alternating rounds (A B B A ...),
    the median of the process's CPU time (which other jobs on a shared machine do not inflate).
 

@@ -24,8 +24,11 @@ class RMSNormFunction(torch.autograd.Function):
     Plain autograd would keep the fp32 copy of ``x``, ``1 / rms`` and the normalised ``x``
     (one more (..., C) tensor than here); backward recomputes ``x̂ = x / rms(x)`` instead.
     With ``x̂ = x·r``, ``r = (mean(x²) + eps)^(-1/2)`` and ``ĝ`` the gradient reaching ``x̂``:
-    ``dL/dx = r · (ĝ - x̂ · mean(ĝ ⊙ x̂))`` and ``dL/dweight = Σ_rows g ⊙ x̂``.
-    The maths runs in fp32 (or in x's dtype if wider: float64 for gradcheck).
+    ``dL/dx = r·ĝ - r³·x·mean(ĝ ⊙ x)`` and ``dL/dweight = Σ_rows g ⊙ x̂``. The backward takes
+    the forward's ops in reverse, each as autograd differentiates it, so the layer's gradients
+    equal plain autograd's bit for bit (in a model, autograd adds the two terms of ``dL/dx`` to
+    the residual path's gradient one at a time, we add their sum: fp32 rounding). The maths runs
+    in fp32 (or in x's dtype if wider: float64 for gradcheck).
     """
 
     @staticmethod
@@ -39,16 +42,16 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         x, rstd, weight = ctx.saved_tensors
-        normed = x.to(rstd.dtype) * rstd  # (..., C) fp32, recomputed: the forward's x̂
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            rows = grad * normed.to(x.dtype)  # (..., C)
-            grad_weight = rows.reshape(-1, rows.shape[-1]).sum(0).to(weight.dtype)  # (C,)
-        grad_x = None
+        x32 = x.to(rstd.dtype)  # (..., C)
+        grad_weight = grad_x = None
+        if ctx.needs_input_grad[1]:  # weight * x̂, x̂ recomputed bit for bit
+            grad_weight = (grad * (x32 * rstd).to(x.dtype)).sum_to_size(weight.shape)
         if ctx.needs_input_grad[0]:
-            grad_normed = (grad * weight).to(x.dtype).to(rstd.dtype)  # through both casts
-            mean = (grad_normed * normed).mean(-1, keepdim=True)  # (..., 1)
-            grad_x = (rstd * (grad_normed - normed * mean)).to(x.dtype)
+            grad_normed = (grad * weight).to(x.dtype).to(rstd.dtype)  # back through the casts
+            grad_rstd = (grad_normed * x32).sum_to_size(rstd.shape)  # x̂ = x * rstd
+            grad_mean_sq = -0.5 * grad_rstd * rstd.pow(3)  # rstd = rsqrt(mean(x²) + eps)
+            grad_x32 = grad_normed * rstd + grad_mean_sq / x.shape[-1] * (2 * x32)
+            grad_x = grad_x32.to(x.dtype)
         return grad_x, grad_weight, None
 
 

@@ -18,6 +18,21 @@ from minimind_lib.model.config import MiniMindConfig
 # --------------------------------------------------------------------------- building blocks
 
 
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``weight * (x / rms(x))`` (..., C) and the per-row ``1 / rms`` (..., 1), in fp32 (or x's
+    dtype if wider)."""
+    x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # (..., C) in fp32
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+    # subtle: cast back BEFORE scaling by the weight, as Llama does, so logits match HF's.
+    return weight * (x32 * rstd).to(x.dtype), rstd
+
+
+def _needs_grad(*tensors: Tensor) -> bool:
+    """Whether autograd will differentiate through ``tensors`` (else a ``Function`` only adds
+    overhead: generation runs every layer once per token)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class RMSNormFunction(torch.autograd.Function):
     """``weight * (x / rms(x))``, keeping only ``x`` and the per-row ``1 / rms`` for backward.
 
@@ -33,11 +48,9 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # (..., C) in fp32
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        out, rstd = _rms_norm(x, weight, eps)
         ctx.save_for_backward(x, rstd, weight)
-        # subtle: cast back BEFORE scaling by the weight, as Llama does, so logits match HF's.
-        return weight * (x32 * rstd).to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
@@ -73,6 +86,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if not _needs_grad(x, self.weight):  # inference: the same ops, no Function
+            return _rms_norm(x, self.weight, self.eps)[0]  # (..., C)
         return RMSNormFunction.apply(x, self.weight, self.eps)  # (..., C)
 
 
@@ -124,5 +139,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        gated = SiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x))  # (B, T, I)
+        gate, up = self.gate_proj(x), self.up_proj(x)  # (B, T, I) each
+        gated = (SiLUMulFunction.apply(gate, up) if _needs_grad(gate, up)
+                 else F.silu(gate) * up)  # (B, T, I): the same ops either way
         return self.dropout(self.down_proj(gated))  # (B, T, C)

@@ -42,6 +42,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_bench
+from model_bench import train_step_fn  # noqa: E402
+
 from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
 from minimind_lib.model.hf import to_hf  # noqa: E402
 
@@ -71,20 +74,6 @@ def saved_bytes(model: nn.Module, ids: torch.Tensor) -> int:
     loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(seen.values())
-
-
-def train_step(model: nn.Module, ids: torch.Tensor) -> Callable[[], float]:
-    """One step of forward, backward and AdamW on ``ids``; returns the loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step() -> float:
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    return step
 
 
 def alternate(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
@@ -158,7 +147,7 @@ def compare(models: dict[str, nn.Module], ids: torch.Tensor, reps: int) -> None:
     saved = {name: saved_bytes(model, ids) for name, model in models.items()}
     print("  saved for backward: " + ", ".join(f"{name} {b / 2**20:.1f} MiB"
                                               for name, b in saved.items()))
-    steps = alternate({name: train_step(model, ids) for name, model in models.items()}, reps)
+    steps = alternate({name: train_step_fn(model, ids) for name, model in models.items()}, reps)
     print("  step (median of " + str(reps) + "): " + ", ".join(
         f"{name} {t * 1e3:.0f} ms" for name, t in steps.items()))
     print(f"  saved bytes ours / HF = {saved['ours'] / saved['hf']:.2f}x   "

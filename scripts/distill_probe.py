@@ -32,20 +32,17 @@ from minimind_lib import DATA_DIR
 from minimind_lib.core.device import pick_precision
 from minimind_lib.data.conversations import SFTDataset
 from minimind_lib.evaluation.questions import evaluate_sft, load_eval_records, summarize
-from minimind_lib.model import MiniMindConfig, MiniMindForCausalLM
+from minimind_lib.model import MiniMindForCausalLM
 from minimind_lib.model.checkpoint import load_model
 from minimind_lib.tokenizer.bpe import load_tokenizer
-from minimind_lib.training.distill import DistillLoss, teacher_answers
-from minimind_lib.training.loop import default_loss, evaluate_loss, train
-from minimind_lib.training.settings import TrainConfig
+from minimind_lib.training.distill import DistillSettings, student_config, train_distill
+from minimind_lib.training.loop import evaluate_loss
 from minimind_lib.training.sft import sft_records
 
 REFERENCE = DATA_DIR / "reference" / "sft"
-
-
-def student_config(teacher: MiniMindConfig) -> MiniMindConfig:
-    return replace(teacher, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=1, intermediate_size=None, head_dim=None)
+#: arm -> (distill.mode, alpha)
+ARMS = {"sft": ("none", 1.0), "kd": ("logits", 0.5), "kd_only": ("logits", 0.0),
+        "black_box": ("answers", 1.0)}
 
 
 def main() -> None:
@@ -64,23 +61,19 @@ def main() -> None:
     records = list(itertools.islice((r for r in sft_records() if "task" in r), args.examples))
     held_out = SFTDataset(load_eval_records(), tokenizer, 256, progress=False)
     eval_records = load_eval_records()
-    config = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                         warmup_steps=20, seq_len=256, precision="fp32", device="cpu", seed=0,
-                         progress=False)
+    base = DistillSettings(max_steps=args.steps, batch_size=args.batch_size,
+                           learning_rate=args.lr, warmup_steps=20, seq_len=256,
+                           eval_every=args.steps, temperature=1.5)
     results = {}
     for arm in args.arms.split(","):
         start = time.process_time()
-        data = records
-        if arm == "black_box":
-            conversations = teacher_answers(teacher, tokenizer,
-                                            [r["conversations"] for r in records], 64)
-            data = [{"conversations": c} for c in conversations]
-        train_set = SFTDataset(data, tokenizer, 256, progress=False)
+        mode, alpha = ARMS[arm]
+        settings = replace(base, mode=mode, alpha=alpha)
         torch.manual_seed(0)
-        student = MiniMindForCausalLM(student_config(teacher.config))
-        loss_fn = {"kd": DistillLoss(teacher, 0.5, 1.5),
-                   "kd_only": DistillLoss(teacher, 0.0, 1.5)}.get(arm, default_loss)
-        rows = train(student, train_set, config, loss_fn=loss_fn, collate_fn=train_set.collate)
+        student = MiniMindForCausalLM(student_config(teacher.config, settings))
+        rows = train_distill(student, teacher, tokenizer, [r["conversations"] for r in records],
+                             settings, held_out=eval_records, seed=0, precision="fp32",
+                             device="cpu", progress=False)
         student.eval()
         val = evaluate_loss(student, held_out, batch_size=32, max_batches=10**9,
                             device=torch.device("cpu"),
@@ -88,7 +81,7 @@ def main() -> None:
                             collate_fn=held_out.collate)
         scores = summarize(evaluate_sft(student, tokenizer, eval_records, args.per_task,
                                         progress=False))
-        results[arm] = {"held_out_answer_loss": val, "examples": len(train_set),
+        results[arm] = {"held_out_answer_loss": val,
                         "exact_match": scores["all"].exact_match,
                         "skill_exact_match": scores["skill"].exact_match,
                         "format_rate": scores["all"].format_rate,

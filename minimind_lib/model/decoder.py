@@ -276,14 +276,19 @@ class MiniMindForCausalLM(nn.Module):
         """
         hidden, caches = self.model(input_ids, past_key_values)  # (B, T, C)
         aux_loss = self._aux_loss()
-        if labels is not None and not return_logits:
-            logits, loss = None, self.head_loss(hidden, labels)
-        else:
-            logits = self.lm_head(hidden)  # (B, T, V)
-            loss = None if labels is None else causal_lm_loss(logits, labels)
+        logits, loss = self.head_outputs(hidden, labels, return_logits)
         if loss is not None and aux_loss is not None and self.training:
             loss = loss + aux_loss
         return CausalLMOutput(logits, loss, caches if use_cache else None, aux_loss)
+
+    def head_outputs(self, hidden: Tensor, labels: Tensor | None = None,
+                     return_logits: bool = False) -> tuple[Tensor | None, Tensor | None]:
+        """The output head on the trunk's hidden states (B, T, C): ``(logits, loss)`` as
+        ``forward`` returns them (with ``labels`` and without ``return_logits``: no logits)."""
+        if labels is not None and not return_logits:
+            return None, self.head_loss(hidden, labels)
+        logits = self.lm_head(hidden)  # (B, T, V)
+        return logits, None if labels is None else causal_lm_loss(logits, labels)
 
     def head_loss(self, hidden: Tensor, labels: Tensor) -> Tensor:
         """``causal_lm_loss(self.lm_head(hidden), labels)`` without the (B, T, V) logits.

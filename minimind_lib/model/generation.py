@@ -90,12 +90,7 @@ class Decoding:
             raise ValueError(f"{capacity} positions exceed max_position_embeddings ({limit})")
         self.model, self.capacity = model, capacity
         start = capacity if initial_capacity is None else min(initial_capacity, capacity)
-        self.cache = StaticCache(len(model.model.layers), start, max_batch)
-
-    def _room(self, positions: int) -> None:
-        """Grow the cache (doubling, up to ``capacity``) to hold ``positions`` a row."""
-        if positions > self.cache.capacity:
-            self.cache.reserve(min(self.capacity, max(positions, 2 * self.cache.capacity)))
+        self.cache = StaticCache(len(model.model.layers), start, max_batch, max_capacity=capacity)
 
     @property
     def size(self) -> int:
@@ -106,10 +101,9 @@ class Decoding:
         """Read new prompts (1-D token tensors) and add their rows after the current ones;
         returns the logits of each prompt's next token (n, V), fp32."""
         ids, lengths = right_pad(prompts)  # (n, T)
-        if int(lengths.max()) >= self.capacity:
-            raise ValueError(f"a prompt of {int(lengths.max())} tokens leaves no room in a "
+        if ids.shape[1] >= self.capacity:  # the longest prompt
+            raise ValueError(f"a prompt of {ids.shape[1]} tokens leaves no room in a "
                              f"cache of {self.capacity} positions")
-        self._room(int(lengths.max()))
         fresh = StaticCache(self.cache.num_layers, ids.shape[1], max_batch=len(prompts))
         fresh.lengths = torch.zeros(len(prompts), dtype=torch.long, device=ids.device)
         hidden, _ = self.model.model(ids, fresh)  # (n, T, C)
@@ -120,7 +114,6 @@ class Decoding:
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed one token per row (B,); the logits of the next (B, V), fp32."""
-        self._room(int(self.cache.lengths.max()) + 1)
         hidden, _ = self.model.model(tokens[:, None], self.cache)  # (B, 1, C)
         return self.model.lm_head(hidden[:, -1]).float()  # (B, V)
 

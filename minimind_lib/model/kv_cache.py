@@ -68,13 +68,17 @@ class StaticCache:
 
     ``lengths`` (B,) holds the length of each row in use. Memory is allocated at the first
     write (then the dtype and device are those of the keys): ``num_layers x 2 x max_batch x
-    Hkv x capacity x D`` elements.
+    Hkv x capacity x D`` elements. With ``max_capacity`` above ``capacity`` the cache grows
+    (doubling, ``reserve``) when a forward pass or a joining row needs more positions: a
+    server's cache starts small, its context is long and most replies are short.
     """
 
-    def __init__(self, num_layers: int, capacity: int, max_batch: int = 1) -> None:
+    def __init__(self, num_layers: int, capacity: int, max_batch: int = 1,
+                 max_capacity: int | None = None) -> None:
         if capacity < 1 or max_batch < 1:
             raise ValueError(f"capacity and max_batch must be >= 1, got {capacity}, {max_batch}")
         self.num_layers, self.capacity, self.max_batch = num_layers, capacity, max_batch
+        self.max_capacity = max(capacity, max_capacity or capacity)
         self.lengths = torch.zeros(0, dtype=torch.long)
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
@@ -135,6 +139,7 @@ class StaticCache:
             positions = self.positions(n_new)  # (B, T)
             self._plan = Plan(positions, self.mask(positions), None,
                               int(positions.max()) + 1)
+        self._fit(self._plan.span)
         return self._plan
 
     def layer(self, index: int) -> CacheView:
@@ -152,10 +157,15 @@ class StaticCache:
             self._uniform = None if common is None else common + n_new
         self._plan = None
 
+    def _fit(self, span: int) -> None:
+        """Grow (doubling, up to ``max_capacity``) when ``span`` positions do not fit; what
+        still does not fit is refused where it is written."""
+        if span > self.capacity:
+            self.reserve(min(self.max_capacity, max(span, 2 * self.capacity)))
+
     def reserve(self, capacity: int) -> None:
         """Grow to hold ``capacity`` positions a row (a no-op when it already does): the kept
-        keys and values are copied once into the larger tensors. A server's cache starts small
-        and doubles as its longest row grows, rather than holding the whole context from the start.
+        keys and values are copied once into the larger tensors.
 
         >>> cache = StaticCache(1, 2)
         >>> cache.reserve(8); cache.capacity
@@ -181,8 +191,8 @@ class StaticCache:
     def _write(self, view: CacheView, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         index, positions, span = view.index, view.positions, view.span
         B, T = k.shape[0], k.shape[2]
-        if B != self.batch or k.shape[0] != B:
-            raise ValueError(f"the cache has {self.batch} rows in use, the input {k.shape[0]}")
+        if B != self.batch:
+            raise ValueError(f"the cache has {self.batch} rows in use, the input {B}")
         if span > self.capacity:
             raise ValueError(f"the cache holds {self.capacity} positions; position {span - 1} "
                              "does not fit")
@@ -233,6 +243,7 @@ class StaticCache:
         if start + n > self.max_batch:
             raise ValueError(f"{start} rows in use + {n} new exceed max_batch {self.max_batch}")
         span = int(other.lengths.max()) if n else 0
+        self._fit(span)
         if span > self.capacity:
             raise ValueError(f"a new row of {span} positions exceeds the capacity "
                              f"{self.capacity}")

@@ -30,6 +30,7 @@ teacher *generated* (``teacher_answers``), as when the teacher is an API.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,16 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minimind_lib.core.device import pick_device, pick_precision
+from minimind_lib.core.device import pick_device
 from minimind_lib.data.conversations import SFTDataset
-from minimind_lib.evaluation.questions import reply
+from minimind_lib.evaluation.questions import generate_answers
 from minimind_lib.model.chunked_loss import IGNORE_INDEX
 from minimind_lib.model.config import MiniMindConfig
-from minimind_lib.model.generation import generate_many
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat import encode_chat
-from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
-from minimind_lib.training.loop import default_loss, evaluate_loss, train
+from minimind_lib.training.loop import default_loss, train
 from minimind_lib.training.settings import RunOptions, TrainConfig, TrainSettings, require_positive
 
 #: what the student learns from: the teacher's logits (white-box), its generated answers
@@ -176,31 +174,23 @@ class DistillLoss:
         return loss, {"ce": ce.detach(), "kd": kd.detach()}
 
 
-@torch.no_grad()
 def teacher_answers(teacher: nn.Module, tokenizer: BPETokenizer,
                     conversations: Sequence[Sequence[dict]], max_new_tokens: int, *,
                     batch_size: int = 64, progress: bool = False) -> list[list[dict]]:
     """Black-box distillation's data: each conversation's last assistant turn replaced by the
-    teacher's greedy answer to the turns before it (continuous batching,
-    ``model.generation.generate_many``). A conversation the teacher did not finish within
-    ``max_new_tokens`` (no ``<|im_end|>``) is dropped: an answer cut mid-way is not one to
-    imitate."""
-    prompts, kept = [], []
+    teacher's greedy answer to the turns before it (``evaluation.questions.generate_answers``:
+    continuous batching). A conversation the teacher did not finish within ``max_new_tokens``
+    (no ``<|im_end|>``) is dropped: an answer cut mid-way is not one to imitate."""
+    contexts = []
     for messages in conversations:
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         if last is None:
             raise ValueError("every conversation needs an assistant turn to replace")
-        kept.append(list(messages[:last]))
-        prompts.append(encode_chat(tokenizer, kept[-1], add_generation_prompt=True))
-    stops = [tokenizer.token_to_id(IM_END), tokenizer.token_to_id(END_OF_TEXT)]
-    new = generate_many(teacher, prompts, max_new_tokens, eos_token_id=stops,
-                        batch_size=batch_size, progress=progress, desc="teacher")
-    out = []
-    for context, tokens in zip(kept, new, strict=True):
-        _, answer = reply(tokenizer, tokens)
-        if answer.follows_format:
-            out.append(context + [{"role": "assistant", "content": answer.text}])
-    return out
+        contexts.append(list(messages[:last]))
+    answers = generate_answers(teacher, tokenizer, contexts, max_new_tokens,
+                               batch_size=batch_size, progress=progress)
+    return [context + [{"role": "assistant", "content": answer.text}]
+            for context, answer in zip(contexts, answers, strict=True) if answer.follows_format]
 
 
 def train_distill(student: nn.Module, teacher: nn.Module, tokenizer: BPETokenizer,
@@ -214,27 +204,19 @@ def train_distill(student: nn.Module, teacher: nn.Module, tokenizer: BPETokenize
     answer-only loss), or the reference answers alone. The validation curve is the same for
     every mode: the answer tokens' cross-entropy on the ``held_out`` records' reference replies
     (``val_loss``), so the modes compare. Returns the metrics rows."""
+    conversations = list(itertools.islice(conversations, settings.max_examples))
+    teacher.to(pick_device(device))
     if settings.mode == "answers":
-        teacher.to(pick_device(device))
         conversations = teacher_answers(teacher, tokenizer, conversations, settings.answer_tokens,
                                         batch_size=64, progress=progress)
         print(f"distill: the teacher finished {len(conversations):,} answers")
     train_set = SFTDataset(({"conversations": c} for c in conversations), tokenizer,
-                           settings.seq_len, max_examples=settings.max_examples,
-                           progress=progress)
+                           settings.seq_len, progress=progress)
     validation = SFTDataset(held_out, tokenizer, settings.seq_len, progress=False)
     config = TrainConfig.from_stage(settings, options, out_dir=out_dir, precision=precision,
                                     device=device, seed=seed, progress=progress)
-    loss_fn = (DistillLoss(teacher.to(pick_device(device)), settings.alpha, settings.temperature)
+    loss_fn = (DistillLoss(teacher, settings.alpha, settings.temperature)
                if settings.mode == "logits" else default_loss)
-    run_device = pick_device(device)
-    run_precision = pick_precision(run_device, precision)
-
-    def answer_loss(model: nn.Module) -> dict[str, float]:
-        return {"val_loss": evaluate_loss(model, validation, batch_size=settings.batch_size,
-                                          max_batches=settings.eval_batches, device=run_device,
-                                          precision=run_precision,
-                                          collate_fn=validation.collate)}
-
     return train(student, train_set, config, loss_fn=loss_fn, collate_fn=train_set.collate,
-                 resume=resume, callbacks=list(callbacks), eval_fn=answer_loss)
+                 eval_dataset=validation, eval_loss_fn=default_loss, resume=resume,
+                 callbacks=list(callbacks))

@@ -448,7 +448,7 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
           loss_fn: LossFn | None = None, eval_dataset: Dataset | None = None,
           collate_fn: Callable | None = None, resume: bool = False,
           callbacks: Sequence[Callable[[dict], None]] = (), step_fn: Step | None = None,
-          eval_fn: EvalFn | None = None) -> list[dict]:
+          eval_fn: EvalFn | None = None, eval_loss_fn: LossFn | None = None) -> list[dict]:
     """Train ``model`` on ``dataset``; return this call's metrics rows (one per optimizer step).
 
     Three parts: ``start_run`` (setup and resume), one ``Step`` per optimizer step
@@ -461,7 +461,9 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
 
     The plug-ins: ``loss_fn(model, batch)`` replaces the default loss; ``step_fn(run, step)``
     replaces the whole optimizer step (``BatchStep`` by default; GRPO samples in its own);
-    ``eval_fn(model) -> {name: value}`` replaces the validation loss on ``eval_dataset``.
+    ``eval_fn(model) -> {name: value}`` replaces the validation loss on ``eval_dataset``;
+    ``eval_loss_fn`` is the loss validated there when it is not the training one
+    (distillation: it trains on the teacher's KL, validates plain cross-entropy).
     ``eval_dataset`` may be a mapping ``{metric name: dataset}`` to validate on several sets
     (DPO: ``{"val_loss": on-policy pairs, "offline_val_loss": offline pairs}``).
     """
@@ -476,7 +478,7 @@ def train(model: nn.Module, dataset: Dataset, config: TrainConfig, *,
         sets = (dict(eval_dataset) if isinstance(eval_dataset, Mapping)
                 else {"val_loss": eval_dataset})
         eval_fn = partial(_validation_loss, sets=sets, config=config, run=run,
-                          loss_fn=loss_fn, collate_fn=collate_fn)
+                          loss_fn=eval_loss_fn or loss_fn, collate_fn=collate_fn)
     log = RunLog(config, run, resume, callbacks, step_fn)
     rows, bad_streak, t_start = [], 0, time.perf_counter()
     for step in range(run.start_step, config.max_steps):

@@ -50,7 +50,6 @@ from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.decoder import (
     CausalLMOutput,
     MiniMindForCausalLM,
-    causal_lm_loss,
 )
 from minimind_lib.model.sampling import sample_next_token
 from minimind_lib.tokenizer.bpe import BPETokenizer
@@ -269,11 +268,7 @@ class VisionLanguageModel(nn.Module):
         """As ``MiniMindForCausalLM.forward``: with ``labels`` the loss and no logits (unless
         ``return_logits=True``)."""
         hidden, _ = self.lm.model(None, inputs_embeds=self.embed(input_ids, pixel_values))
-        if labels is not None and not return_logits:
-            return CausalLMOutput(None, self.lm.head_loss(hidden, labels))
-        logits = self.lm.lm_head(hidden)  # (B, T, V)
-        loss = None if labels is None else causal_lm_loss(logits, labels)
-        return CausalLMOutput(logits, loss)
+        return CausalLMOutput(*self.lm.head_outputs(hidden, labels, return_logits))
 
     def answer_loss(self, input_ids: Tensor, pixel_values: Tensor | None,
                     labels: Tensor) -> Tensor:

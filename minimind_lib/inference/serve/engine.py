@@ -76,16 +76,13 @@ class Engine:
                              f"and {max_waiting}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_waiting = max_waiting
-        self.max_batch = max_batch if isinstance(model, MiniMindForCausalLM) else 1
+        #: whether jobs decode together (continuous batching); others run one at a time
+        self.batched = isinstance(model, MiniMindForCausalLM)
+        self.max_batch = max_batch if self.batched else 1
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._waiting: list[_Job] = []  # submitted, not yet started
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-
-    @property
-    def batched(self) -> bool:
-        """Whether jobs decode together (continuous batching)."""
-        return isinstance(self.model, MiniMindForCausalLM)
 
     @property
     def waiting(self) -> int:

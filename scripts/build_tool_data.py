@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Build the tool-use and thinking data (notebook 14): ``data/sft_tools.jsonl`` (training
-conversations in MiniMind-3's format) and ``data/eval/tools_eval.jsonl`` (held out).
+conversations in MiniMind-3's format) and ``data/eval/tools_eval.jsonl`` (held out), and the
+agentic-RL tasks (notebook 15): ``data/agent_rl.jsonl``, in MiniMind's ``agent_rl.jsonl`` format.
 
     python scripts/build_tool_data.py          # offline: reads only files already in data/
 
@@ -25,6 +26,12 @@ with tools offered: the answer needs none); ``without_tools`` (a tool question a
 tools, answered directly: the baseline's format); ``multi_step`` (a three-number sum, half
 with its steps in ``reasoning_content``, half answered directly: thinking on and off).
 Eval records add ``answer`` (the exact final reply) and ``call`` (the expected call or null).
+
+An agent-RL task, as MiniMind's ``agent_rl.jsonl`` writes one: ``conversations`` (system with
+the offered tools, the user's question, and a last assistant turn that the trainer drops) and
+``gt`` (what a right final answer contains: the tool's result as the answer writes it); the
+course's records add ``tool_task`` and ``answer`` (the exact final reply). Its questions are
+new ones, disjoint from both files above (drawn after them, with their own seed).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from minimind_lib.tools.lookup import poem_authors  # noqa: E402
 
 SEED = 20260401
 TRAIN_FILE, EVAL_FILE = "sft_tools.jsonl", "eval/tools_eval.jsonl"
+AGENT_FILE, AGENT_PER_KIND = "agent_rl.jsonl", 200
 #: training records per kind, and held-out records per kind
 TRAIN = {"calculate": 450, "convert_units": 250, "days_between": 180, "weekday": 180,
          "poem_author": 200, "no_tool": 350, "without_tools": 200, "multi_step": 800}
@@ -236,6 +244,31 @@ def build(data_dir: Path, seed: int = SEED) -> tuple[list[dict], list[dict]]:
     return train, held
 
 
+def agent_rl_record(record: dict) -> dict:
+    """A tool record as an agent-RL task (MiniMind's format): the prompt, the final answer as
+    the last (dropped) turn, ``gt`` the tool's result where the answer writes it verbatim."""
+    turns = record["conversations"]
+    result = str(json.loads(turns[3]["content"])["result"])
+    return {"conversations": [turns[0], turns[1], dict(turns[-1])],
+            "gt": [result if result in record["answer"] else record["answer"]],
+            "tool_task": record["tool_task"], "answer": record["answer"]}
+
+
+def build_agent_rl(train: list[dict], held: list[dict], seed: int = SEED) -> list[dict]:
+    """``AGENT_PER_KIND`` new questions of each tool kind (none in ``train`` or ``held``; poem
+    titles from the training ones), as agent-RL tasks."""
+    rng = random.Random(seed + 1)
+    taken = {_question_key(r) for r in train + held}
+    titles = sorted({json.loads(r["conversations"][2]["tool_calls"])[0]["arguments"]["title"]
+                     for r in train if r["tool_task"] == "poem_author"})
+    makers = {"calculate": _calculate, "convert_units": _convert, "days_between": _days,
+              "weekday": _weekday, "poem_author": _poem(titles)}
+    records = [agent_rl_record(tool_record(kind, q, rng)) for kind in TOOL_KINDS
+               for q in _unique(makers[kind], AGENT_PER_KIND, rng, taken)]
+    rng.shuffle(records)
+    return records
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
@@ -285,7 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     train, held = build(REPO / "data")
     write_jsonl(args.out / TRAIN_FILE, train)
     write_jsonl(args.out / EVAL_FILE, held)
-    files = {TRAIN_FILE: train, EVAL_FILE: held}
+    agent = build_agent_rl(train, held)
+    write_jsonl(args.out / AGENT_FILE, agent)
+    files = {TRAIN_FILE: train, EVAL_FILE: held, AGENT_FILE: agent}
     for name, records in files.items():
         counts = Counter(r["tool_task"] for r in records)
         print(f"{name}: {len(records):,} records "

@@ -175,7 +175,8 @@ def _parse_line(raw: bytes, path: Path, lineno: int) -> object | None:
     except RecursionError:  # json recurses once per nesting level
         raise DataFormatError(f"{path}:{lineno}: JSON nested too deeply to read") from None
 #: Bundled samples (``data/``); CC BY-SA-derived lines live in ``*_cc_by_sa.jsonl`` beside them.
-BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo_sample"}
+BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo_sample",
+                 "agent_rl": "agent_rl"}
 #: Further bundled files of a schema, read after the sample: the tool-use and thinking
 #: conversations (``scripts/build_tool_data.py``, notebook 14)
 BUNDLED_EXTRA = {"sft": ("sft_tools",)}

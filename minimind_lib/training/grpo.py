@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -79,27 +79,31 @@ from minimind_lib.training.settings import TrainConfig, TrainSettings, require_p
 LENGTH_NORMS = ("sequence", "constant")
 
 
+POLICY_LOSSES = ("grpo", "cispo")
+
+
 @dataclass(frozen=True)
-class GRPOSettings(TrainSettings):
-    """A GRPO run's hyper-parameters. ``batch_size`` questions per micro-batch, each answered
-    ``group_size`` times: an optimizer step sees ``batch_size * accumulation_steps`` questions
-    and ``group_size`` times as many answers. ``seq_len`` caps prompt + answer (longer prompts
+class PolicySettings(TrainSettings):
+    """What every group-sampling policy-gradient run shares (GRPO here, agentic RL in
+    ``training.agent_rl``): ``batch_size`` prompts per micro-batch, each answered
+    ``group_size`` times: an optimizer step sees ``batch_size * accumulation_steps`` prompts
+    and ``group_size`` times as many samples. ``seq_len`` caps prompt + answer (longer prompts
     are left out); ``max_steps`` counts sampling rounds, each followed by ``policy_epochs``
-    optimizer steps on its groups (``mu`` in the paper; above 1 the clipping matters)."""
+    optimizer steps on its groups (``mu`` in the paper; above 1 the clipping matters).
+    ``loss`` picks the policy objective: ``"grpo"`` (PPO's clipped ratio) or ``"cispo"``
+    (the clipped ratio as a detached weight on the log-prob: ``cispo_objective``)."""
 
     group_size: int = 8  # G answers per question
     max_new_tokens: int = 16  # answer budget (the Dr. GRPO normaliser, too)
     temperature: float = 1.0  # sampling temperature; the policy trained is softmax(logits / T)
     clip_eps: float = 0.2  # PPO's clip range: the ratio is clipped to [1 - eps, 1 + eps]
     kl_beta: float = 0.04  # weight of the KL penalty to the starting model (0: none)
-    reward: str = "exact"  # "exact": 1 for the right answer; "char_f1": partial credit
-    format_reward: float = 0.0  # bonus for a finished, well-formed reply, right or wrong
+    loss: str = "grpo"  # "grpo": clipped ratio; "cispo": clipped, detached importance weight
+    cispo_max_ratio: float = 5.0  # CISPO's upper bound on the importance weight (eps_high)
     scale_rewards: bool = True  # divide advantages by the group's std (False: Dr. GRPO)
     length_norm: str = "sequence"  # "sequence": GRPO's 1/|o_i|; "constant": Dr. GRPO
     policy_epochs: int = 1  # optimizer steps per sampled batch (mu)
     skip_flat_groups: bool = True  # update only on groups whose rewards differ (see _step)
-    # task or family names (rollout.select_tasks)
-    tasks: str = "larger_number,arithmetic,first_word"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,20 +112,41 @@ class GRPOSettings(TrainSettings):
         if self.group_size < 2:
             raise ValueError(f"{name}.group_size must be at least 2 (a group is its own "
                              f"baseline), got {self.group_size}")
-        if (self.temperature <= 0 or self.clip_eps <= 0 or self.kl_beta < 0
-                or self.format_reward < 0):
-            raise ValueError(f"{name}: temperature and clip_eps must be positive, kl_beta and "
-                             f"format_reward >= 0 (got {self.temperature}, {self.clip_eps}, "
-                             f"{self.kl_beta}, {self.format_reward})")
-        if self.reward not in REWARDS:
-            raise ValueError(f"{name}.reward is {self.reward!r}; choose one of "
-                             f"{', '.join(REWARDS)}")
+        if self.temperature <= 0 or self.clip_eps <= 0 or self.kl_beta < 0:
+            raise ValueError(f"{name}: temperature and clip_eps must be positive, kl_beta "
+                             f">= 0 (got {self.temperature}, {self.clip_eps}, {self.kl_beta})")
+        if self.loss not in POLICY_LOSSES:
+            raise ValueError(f"{name}.loss is {self.loss!r}; choose one of "
+                             f"{', '.join(POLICY_LOSSES)}")
+        if self.cispo_max_ratio < 1:
+            raise ValueError(f"{name}.cispo_max_ratio must be at least 1 (the weight of an "
+                             f"unchanged token), got {self.cispo_max_ratio}")
         if self.length_norm not in LENGTH_NORMS:
             raise ValueError(f"{name}.length_norm is {self.length_norm!r}; choose one of "
                              f"{', '.join(LENGTH_NORMS)}")
         if self.max_new_tokens >= self.seq_len:
             raise ValueError(f"{name}.max_new_tokens ({self.max_new_tokens}) must be below "
                              f"seq_len ({self.seq_len}), which holds prompt and answer")
+
+
+@dataclass(frozen=True)
+class GRPOSettings(PolicySettings):
+    """A GRPO run's hyper-parameters (``PolicySettings``) and its single-turn questions: which
+    ``tasks``, and how an answer is rewarded."""
+
+    reward: str = "exact"  # "exact": 1 for the right answer; "char_f1": partial credit
+    format_reward: float = 0.0  # bonus for a finished, well-formed reply, right or wrong
+    # task or family names (rollout.select_tasks)
+    tasks: str = "larger_number,arithmetic,first_word"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.format_reward < 0:
+            raise ValueError(f"{name}.format_reward must be >= 0, got {self.format_reward}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"{name}.reward is {self.reward!r}; choose one of "
+                             f"{', '.join(REWARDS)}")
 
 
 # --- 1-5. the objective, piece by piece --------------------------------------------------------
@@ -157,6 +182,26 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor,
     unclipped = ratio * adv  # (B, T)
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv  # (B, T)
     return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def cispo_objective(logp: Tensor, old_logp: Tensor, advantages: Tensor,
+                    max_ratio: float) -> tuple[Tensor, Tensor]:
+    """CISPO's objective per token (B, T) (MiniMax-M1, Chen et al. 2025, eq. 4): the importance
+    ratio ``rho = exp(logp - old_logp)``, clipped above at ``max_ratio`` and **detached**, weighs
+    the token's log-prob: ``sg(min(rho, max_ratio)) * A * logp``. Its gradient is
+    ``min(rho, max_ratio) * A * grad logp`` on every token: unlike the clipped surrogate, a
+    token whose ratio left the trust region still learns (with a bounded weight) instead of
+    getting no gradient at all, which is what keeps rare, decisive tokens (a tool call's
+    first token, say) in the update. Also returns where the weight was clipped (B, T).
+
+    >>> obj, clipped = cispo_objective(torch.log(torch.tensor([[6.0, 0.5]])), torch.zeros(1, 2),
+    ...                                torch.tensor([1.0]), max_ratio=5.0)
+    >>> obj, clipped                     # weights 5 (clipped from 6) and 0.5, times log-probs
+    (tensor([[ 8.9588, -0.3466]]), tensor([[ True, False]]))
+    """
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    weight = ratio.clamp(max=max_ratio).detach()  # (B, T): no gradient through the weight
+    return weight * advantages[:, None] * logp, ratio > max_ratio
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -198,14 +243,21 @@ def aggregate(per_token: Tensor, mask: Tensor, length_norm: str = "sequence",
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor,
               mask: Tensor, *, clip_eps: float = 0.2, kl_beta: float = 0.04,
-              length_norm: str = "sequence",
-              max_new_tokens: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+              length_norm: str = "sequence", max_new_tokens: int | None = None,
+              loss: str = "grpo",
+              cispo_max_ratio: float = 5.0) -> tuple[Tensor, dict[str, Tensor]]:
     """``-J(theta)`` (eq. 3) of a batch of answers: per-token log-probs (B, T) under the policy,
     the sampling policy and the reference (None: no KL term), advantages (B,) and the answer
-    ``mask`` (B, T). Returns the loss and detached metrics: ``kl`` (mean k3 per answer token),
-    ``clip_fraction`` (share of answer tokens where clipping is active) and ``ratio`` (mean
-    ``rho``)."""
-    objective, clipped = clipped_surrogate(logp, old_logp, advantages, clip_eps)  # (B, T)
+    ``mask`` (B, T). ``loss="cispo"`` puts ``cispo_objective`` where eq. 3 has the clipped
+    surrogate (the KL term and the aggregation stay). Returns the loss and detached metrics:
+    ``kl`` (mean k3 per answer token), ``clip_fraction`` (share of answer tokens where clipping
+    is active) and ``ratio`` (mean ``rho``)."""
+    if loss == "grpo":
+        objective, clipped = clipped_surrogate(logp, old_logp, advantages, clip_eps)  # (B, T)
+    elif loss == "cispo":
+        objective, clipped = cispo_objective(logp, old_logp, advantages, cispo_max_ratio)
+    else:
+        raise ValueError(f"loss is {loss!r}; choose one of {', '.join(POLICY_LOSSES)}")
     mask = mask.bool()
     n_tokens = mask.sum().clamp(min=1)
     metrics = {"clip_fraction": (clipped & mask).sum() / n_tokens,
@@ -232,6 +284,8 @@ class GRPOLoss:
     length_norm: str = "sequence"
     max_new_tokens: int | None = None
     temperature: float = 1.0  # the sampling temperature: the policy is softmax(logits / T)
+    loss: str = "grpo"  # or "cispo" (grpo_loss)
+    cispo_max_ratio: float = 5.0
 
     def __call__(self, model: nn.Module, batch: dict) -> tuple[Tensor, dict[str, Tensor]]:
         logp = token_logprobs(model, batch["input_ids"], batch["labels"],
@@ -241,7 +295,8 @@ class GRPOLoss:
         return grpo_loss(logp, old, batch.get("ref_logps") if self.kl_beta > 0 else None,
                          batch["advantages"], mask, clip_eps=self.clip_eps,
                          kl_beta=self.kl_beta, length_norm=self.length_norm,
-                         max_new_tokens=self.max_new_tokens)
+                         max_new_tokens=self.max_new_tokens, loss=self.loss,
+                         cispo_max_ratio=self.cispo_max_ratio)
 
 
 # --- 6. rollouts -> batches --------------------------------------------------------------------
@@ -271,8 +326,9 @@ class Rollout:
     def with_signal(self) -> Rollout:
         """Only the groups whose rewards differ (the others have advantage 0 everywhere)."""
         keep = (self.rewards.std(dim=1) > 0).nonzero().flatten().tolist()
-        return Rollout([self.questions[i] for i in keep], [self.groups[i] for i in keep],
-                       self.rewards[keep], self.advantages[keep])
+        return replace(self, questions=[self.questions[i] for i in keep],
+                       groups=[self.groups[i] for i in keep], rewards=self.rewards[keep],
+                       advantages=self.advantages[keep])
 
 
 def rollout(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
@@ -351,13 +407,18 @@ class GRPOStep:
 
     desc = "grpo"
 
-    def __init__(self, tokenizer: BPETokenizer, settings: GRPOSettings, config: TrainConfig,
+    def __init__(self, tokenizer: BPETokenizer, settings: PolicySettings, config: TrainConfig,
                  reference: nn.Module | None) -> None:
         self.tokenizer, self.settings, self.reference = tokenizer, settings, reference
         self.seed, self.grad_clip = config.seed, config.grad_clip
         self.batch_size, self.accumulation_steps = config.batch_size, config.accumulation_steps
         self.loss_fn = GRPOLoss(settings.clip_eps, settings.kl_beta, settings.length_norm,
-                                settings.max_new_tokens, settings.temperature)
+                                settings.max_new_tokens, settings.temperature, settings.loss,
+                                settings.cispo_max_ratio)
+
+    def sample(self, model: nn.Module, prompts: list, generator: torch.Generator) -> Rollout:
+        """One sampling round's groups, rewards and advantages (agentic RL overrides this)."""
+        return rollout(model, self.tokenizer, prompts, self.settings, generator)
 
     def __call__(self, run: TrainRun, step: int) -> StepResult:
         if run.info.world_size > 1:
@@ -367,7 +428,7 @@ class GRPOStep:
         questions = [q for _ in range(self.accumulation_steps) for q in next(run.batches)]
         generator = torch.Generator(run.device).manual_seed(self.seed * 1_000_003 + step)
         with run.precision.context(run.device):
-            ro = rollout(run.model, self.tokenizer, questions, settings, generator)
+            ro = self.sample(run.model, questions, generator)
         # subtle: a group whose answers all earn the same reward has advantage 0: its only
         # gradient is the KL term's, which is ~0 near the reference. Skipping such groups (DAPO's
         # "dynamic sampling" without the resampling) saves most of an update when the policy

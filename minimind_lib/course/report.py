@@ -30,6 +30,7 @@ from minimind_lib.core.filenames import (
 )
 from minimind_lib.course.plotting import plot_metrics, read_metrics
 from minimind_lib.course.stages import STAGES, Stage, read_marker
+from minimind_lib.course.stages_agent import solved_table
 from minimind_lib.evaluation.model_eval import eval_report, read_eval
 from minimind_lib.evaluation.preferences import PreferenceScores, preference_table
 from minimind_lib.evaluation.questions import question_table
@@ -100,6 +101,16 @@ def _dpo_tables(root: Path) -> list[str]:
     return out
 
 
+def _agent_tables(root: Path) -> list[str]:
+    """The agent stage's held-out tool tasks: greedy episodes' exact final answer, per kind."""
+    saved = read_json(root / "agent" / EVAL_FILE)
+    if "agent_solved" not in saved:
+        return []
+    return ["Held-out tool tasks (`data/eval/tools_eval.jsonl`), one greedy episode each: the "
+            "share whose final answer is exactly right:", "",
+            solved_table(saved["agent_solved"], saved["agent_n"]), ""]
+
+
 def _training_section(root: Path, stage: Stage) -> list[str]:
     """A training stage's loss curve, then (when it evaluates) its held-out tables."""
     figure = _figure(root, stage)
@@ -148,7 +159,7 @@ def _lora_section(root: Path, stage: Stage) -> list[str]:
 #: Stages whose report section is not a training curve plus held-out tables
 _SECTIONS = {"quantize": _quantize_section, "lora": _lora_section}
 #: Tables a stage's section shows before its held-out questions
-_EXTRA_TABLES = {"dpo": _dpo_tables}
+_EXTRA_TABLES = {"dpo": _dpo_tables, "agent": _agent_tables}
 
 
 def write_report(root: str | os.PathLike, profile_name: str | None = None,

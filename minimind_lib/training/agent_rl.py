@@ -18,8 +18,10 @@ term           weight  when
 ``answer``     +1.0    times the share of ``gt`` values the final answer contains (a number
                        equal as a number, else the text, case-insensitive)
 ``exact``      +1.0    the final answer equals the record's exact ``answer`` (when it has one)
+``grounded``   +0.5    the final answer contains the result of a call that ran (it uses what
+                       the tool said instead of making a number up)
 ``valid``      +0.25   at least one call, and every call named an offered tool and ran
-``invalid``    -0.25   per call that could not be read, named a tool not offered, or failed
+``invalid``    -0.1    per call that could not be read, named a tool not offered, or failed
 ``tags``       -0.25   per turn whose ``<tool_call>``/``</tool_call>`` or ``<think>``/
                        ``</think>`` do not pair up
 ``unfinished`` -0.5    the episode never answered (cut by the budget, or still calling after
@@ -28,18 +30,27 @@ term           weight  when
 
 The final answer only counts when the episode answered. A task that needs no tool rewards not
 calling one only through its answer (a call costs a round and tokens, and a wrong tool fails).
+Why ``grounded``, and why ``invalid`` is small: the starting model calls the right tool but
+copies its arguments badly (most calls fail), and then writes an answer of its own. Measured
+(6 steps of 8 tasks x 8 episodes from the shipped model), with ``invalid`` at -0.25 and no
+``grounded`` term, calling at all cost more than it earned and the policy stopped calling
+(0.72 -> 0.02 calls an episode): the tool never got the chance to be useful.
 
 >>> weights = AgentRewardWeights()
 >>> done = Trajectory([1], [2], [1], ["<tool_call>x</tool_call>", "19"], [{"name": "calculate",
 ...     "arguments": {}, "result": "{}", "valid": True}], [], answered=True, final="19")
 >>> agent_reward(done, AgentTask([], [], ["19"], "19"), weights)      # 1 + 1 + 0.25
 2.25
+>>> done.calls[0]["result"] = '{"result": "19"}'                       # the tool's own number
+>>> agent_reward(done, AgentTask([], [], ["19"], "19"), weights)      # 1 + 1 + 0.5 + 0.25
+2.75
 >>> agent_reward(Trajectory([1], [2], [1], ["<tool_call>"]), AgentTask([], [], ["19"]), weights)
 -0.75
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,8 +84,9 @@ class AgentRewardWeights:
 
     answer: float = 1.0
     exact: float = 1.0
+    grounded: float = 0.5
     valid: float = 0.25
-    invalid: float = 0.25
+    invalid: float = 0.1
     tags: float = 0.25
     unfinished: float = 0.5
 
@@ -98,6 +110,16 @@ def contains(text: str, value: str) -> bool:
     return value.lower() in text.lower()
 
 
+def result_value(result: str) -> str:
+    """The value of a tool's JSON result (``{"result": ...}``), as text ('' for an error).
+
+    >>> result_value('{"result": 12}'), result_value('{"error": "no"}')
+    ('12', '')
+    """
+    value = json.loads(result).get("result", "")
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def unbalanced(turn: str) -> int:
     """1 when a turn's call or think markers do not pair up, else 0.
 
@@ -117,6 +139,8 @@ def reward_terms(episode: Trajectory, task: AgentTask,
         "answer": weights.answer * sum(contains(final, g) for g in task.gt) / len(task.gt),
         "exact": weights.exact * (task.answer is not None and episode.answered
                                   and exact_match(final, task.answer)),
+        "grounded": weights.grounded * any(contains(final, result_value(c["result"]))
+                                           for c in episode.calls if c["valid"]),
         "valid": weights.valid * (bool(episode.calls) and bad == 0),
         "invalid": -weights.invalid * bad,
         "tags": -weights.tags * sum(unbalanced(t) for t in episode.replies),
@@ -193,8 +217,9 @@ def agent_rollout(model: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[Age
                            else temperature, seq_len=settings.seq_len, generator=generator)
     rewards = torch.tensor([[agent_reward(e, t, settings.weights) for e in g]
                             for t, g in zip(tasks, groups, strict=True)])  # (P, k)
-    return AgentRollout(list(tasks), groups, rewards,
-                        group_advantages(rewards, settings.scale_rewards))
+    advantages = (group_advantages(rewards, settings.scale_rewards) if k > 1
+                  else torch.zeros_like(rewards))  # one episode a task: no group, no baseline
+    return AgentRollout(list(tasks), groups, rewards, advantages)
 
 
 class AgentStep(GRPOStep):

@@ -136,7 +136,7 @@ def test_calls_to_tools_not_offered_or_unreadable_are_answered_with_errors(monke
     assert "not one of the offered tools" in episode.calls[0]["result"]
     assert len(episode.errors) == 1 and episode.answered and episode.final == "42"
     terms = reward_terms(episode, TASK, AgentRewardWeights())
-    assert terms["invalid"] == pytest.approx(-0.2) and terms["valid"] == 0
+    assert terms["calls"] == pytest.approx(-0.5 * 3)  # none ran (1), one refused, one unread
 
 
 def test_greedy_batched_episodes_equal_each_turn_generated_alone():
@@ -171,10 +171,10 @@ def test_contains_reads_numbers_as_numbers():
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("right with the tool's number", 1 + 1 + 0.5 + 0.25),
-    ("right without a call", 1 + 1),
-    ("wrong after a failed call", -0.1),
-    ("unbalanced and unfinished", -0.25 - 0.5),
+    ("right with the tool's number", 1 + 1 + 0.5 + 0.5),
+    ("right without a call", 1 + 1 - 0.5),  # one gt value: one call expected, none made
+    ("wrong after a failed call", -0.5 * 2),  # gap: no call ran (1) + one failed (1)
+    ("unbalanced and unfinished", -0.25 - 0.5 - 0.5),
 ])
 def test_each_reward_term_and_its_weight(case, expected):
     good = {"name": "calculate", "arguments": {}, "result": '{"result": "42"}', "valid": True}
@@ -196,8 +196,11 @@ def test_weights_change_the_reward_and_the_gt_share_is_partial():
     task = AgentTask([], [], ["3", "4"])
     episode = Trajectory([1], replies=["3 and 5"], answered=True, final="3 and 5")
     assert reward_terms(episode, task, AgentRewardWeights())["answer"] == 0.5
-    assert agent_reward(episode, task, AgentRewardWeights(answer=4.0)) == 2.0
+    assert agent_reward(episode, task, AgentRewardWeights(answer=4.0, calls=0)) == 2.0
     assert not solved(episode, task)
+    no_tool = AgentTask([], [], [])  # MiniMind's tasks that need no tool: gt []
+    assert reward_terms(episode, no_tool, AgentRewardWeights())["calls"] == 0.5
+    assert solved(episode, no_tool)
 
 
 # --- 3. CISPO -------------------------------------------------------------------------------
@@ -256,7 +259,7 @@ def test_minimind_records_drop_their_last_turn_and_bad_gt_is_named():
     assert [m["role"] for m in task.messages] == ["system", "user"] and task.gt == ["42", "x"]
     assert task.tools == CALC and task.answer is None
     with pytest.raises(DataFormatError, match=r"agent_rl.jsonl:7: 'gt' must be"):
-        agent_task({**record, "gt": []}, "agent_rl.jsonl:7")
+        agent_task({**record, "gt": [True]}, "agent_rl.jsonl:7")
     with pytest.raises(DataFormatError, match="at least two messages"):
         agent_task({"conversations": [], "gt": [1]})
 

@@ -57,7 +57,8 @@ from minimind_lib.tools.registry import execute_tool
 @dataclass(frozen=True)
 class AgentTask:
     """One episode's start: the conversation before the first reply, the tools it offers,
-    ``gt`` (what a right final answer contains) and ``answer`` (the exact final reply, when
+    ``gt`` (what a right final answer contains, one tool result each; [] when it needs no
+    tool) and ``answer`` (the exact final reply, when
     the record has one), and its kind (``tool_task``, else ``"agent"``)."""
 
     messages: list[dict]
@@ -93,10 +94,11 @@ def agent_task(record: dict, where: str = "record") -> AgentTask:
     gt = record.get("gt", [answer] if isinstance(answer, str) else None)
     if isinstance(gt, str | int | float) and not isinstance(gt, bool):
         gt = [gt]
-    if not isinstance(gt, list) or not gt or not all(
+    if not isinstance(gt, list) or not all(
             isinstance(g, str | int | float) and not isinstance(g, bool) for g in gt):
-        raise DataFormatError(f"{where}: 'gt' must be a non-empty list of strings or numbers "
-                              f"(what a right final answer contains), got {gt!r:.80}")
+        raise DataFormatError(f"{where}: 'gt' must be a list of strings or numbers (what a "
+                              f"right final answer contains; [] for a task needing no tool), "
+                              f"got {gt!r:.80}")
     plain = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
     return AgentTask(plain, tools or [], [str(g) for g in gt],
                      answer if isinstance(answer, str) else None,

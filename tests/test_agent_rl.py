@@ -171,13 +171,14 @@ def test_contains_reads_numbers_as_numbers():
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("right with the tool's number", 1 + 1 + 0.5 + 0.5),
+    ("right with the tool's number", 1 + 1 + 0.5 + 0.5 + 0.5),  # + faithful: "6 * 7" copied
     ("right without a call", 1 + 1 - 0.5),  # one gt value: one call expected, none made
     ("wrong after a failed call", -0.5 * 2),  # gap: no call ran (1) + one failed (1)
     ("unbalanced and unfinished", -0.25 - 0.5 - 0.5),
 ])
 def test_each_reward_term_and_its_weight(case, expected):
-    good = {"name": "calculate", "arguments": {}, "result": '{"result": "42"}', "valid": True}
+    good = {"name": "calculate", "arguments": {"expression": "6*7"}, "result": '{"result": "42"}',
+            "valid": True}
     bad = {**good, "result": '{"error": "x"}', "valid": False}
     episodes = {
         "right with the tool's number": Trajectory([1], replies=[CALL, "6 * 7 = 42"],
@@ -190,6 +191,16 @@ def test_each_reward_term_and_its_weight(case, expected):
         "unbalanced and unfinished": Trajectory([1], replies=["<tool_call>{"]),
     }
     assert agent_reward(episodes[case], TASK, AgentRewardWeights()) == pytest.approx(expected)
+
+
+def test_faithful_arguments_are_copied_from_the_user_not_made_up():
+    from minimind_lib.training.agent_rl import faithful
+
+    task = AgentTask([{"role": "user", "content": "323 m 是多少 cm？从 2008-07-16 起"}], [], [])
+    assert faithful({"value": 323, "from_unit": "m", "to_unit": "cm"}, task)
+    assert faithful({"start": "2008-07-16"}, task) and faithful({"value": 323.0}, task)
+    assert not faithful({"value": 32}, task) and not faithful({"start": "2008-07-15"}, task)
+    assert not faithful({"x": ""}, task) and not faithful({"x": [1]}, task)
 
 
 def test_weights_change_the_reward_and_the_gt_share_is_partial():

@@ -20,6 +20,8 @@ term           weight  when
 ``exact``      +1.0    the final answer equals the record's exact ``answer`` (when it has one)
 ``grounded``   +0.5    the final answer contains the result of a call that ran (it uses what
                        the tool said instead of making a number up)
+``faithful``   +0.5    every call ran, and every argument it passed is written in the user's
+                       messages (numbers as numbers, text ignoring spaces): copied, not made up
 ``calls``      +0.5    as many calls ran as the task has ``gt`` values (one result each), none
                        failed; else -0.5 x the gap: ``|ran - len(gt)|`` plus the calls that
                        could not be read, named a tool not offered, or failed (MiniMind's
@@ -43,11 +45,11 @@ right (the held-out "without tools" column of notebook 14 is ~0).
 >>> weights = AgentRewardWeights()
 >>> done = Trajectory([1], [2], [1], ["<tool_call>x</tool_call>", "19"], [{"name": "calculate",
 ...     "arguments": {}, "result": "{}", "valid": True}], [], answered=True, final="19")
->>> agent_reward(done, AgentTask([], [], ["19"], "19"), weights)      # 1 + 1 + 0.5 (one call)
-2.5
->>> done.calls[0]["result"] = '{"result": "19"}'                       # the tool's own number
->>> agent_reward(done, AgentTask([], [], ["19"], "19"), weights)      # 1 + 1 + 0.5 + 0.5
+>>> agent_reward(done, AgentTask([], [], ["19"], "19"), weights)  # answer, exact, faithful, calls
 3.0
+>>> done.calls[0]["result"] = '{"result": "19"}'                   # the tool's own number
+>>> agent_reward(done, AgentTask([], [], ["19"], "19"), weights)  # ... and grounded
+3.5
 >>> agent_reward(Trajectory([1], [2], [1], ["<tool_call>"]), AgentTask([], [], ["19"]), weights)
 -1.25
 """
@@ -89,6 +91,7 @@ class AgentRewardWeights:
     answer: float = 1.0
     exact: float = 1.0
     grounded: float = 0.5
+    faithful: float = 0.5
     calls: float = 0.5
     tags: float = 0.25
     unfinished: float = 0.5
@@ -123,6 +126,28 @@ def result_value(result: str) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def faithful(arguments: dict, task: AgentTask) -> bool:
+    """Every argument value is written in the task's user messages: a number as a number, text
+    with spaces ignored (``243+99*53`` is in "Compute 243 + 99 * 53.").
+
+    >>> t = AgentTask([{"role": "user", "content": "Compute 243 + 99 * 53."}], [], ["5490"])
+    >>> faithful({"expression": "243+99*53"}, t), faithful({"expression": "243 + 9 * 53"}, t)
+    (True, False)
+    """
+    said = " ".join(m["content"] for m in task.messages if m["role"] == "user")
+    squeezed = "".join(said.split())
+    for value in arguments.values():
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            return False
+        text = str(value).strip()
+        if isinstance(value, int | float) or re.fullmatch(r"[-+]?\d+(?:\.\d+)?", text):
+            if not contains(said, text):
+                return False
+        elif not text or "".join(text.split()) not in squeezed:
+            return False
+    return True
+
+
 def unbalanced(turn: str) -> int:
     """1 when a turn's call or think markers do not pair up, else 0.
 
@@ -146,6 +171,9 @@ def reward_terms(episode: Trajectory, task: AgentTask,
                                   and exact_match(final, task.answer)),
         "grounded": weights.grounded * any(contains(final, result_value(c["result"]))
                                            for c in episode.calls if c["valid"]),
+        "faithful": weights.faithful * (bool(episode.calls) and ran == len(episode.calls)
+                                        and all(faithful(c["arguments"], task)
+                                                for c in episode.calls)),
         "calls": weights.calls * (1.0 if gap == 0 else -gap),
         "tags": -weights.tags * sum(unbalanced(t) for t in episode.replies),
         "unfinished": -weights.unfinished * (not episode.answered),

@@ -161,6 +161,16 @@ def _yarn_band_unclamped(d, theta, L, beta_fast, beta_slow):  # 12.3: no clamps
     return math.floor(at(beta_fast)), math.ceil(at(beta_slow))
 
 
+def _gae_returns(rewards, values, gamma, lam):
+    """GAE's recursion, but returning A + V (the returns) instead of A."""
+    adv, nxt_v, nxt_a = [0.0] * len(rewards), 0.0, 0.0
+    for t in reversed(range(len(rewards))):
+        nxt_a = float(rewards[t]) + gamma * nxt_v - float(values[t]) + gamma * lam * nxt_a
+        nxt_v = float(values[t])
+        adv[t] = nxt_a + nxt_v
+    return adv
+
+
 #: exercise id -> a plausible wrong answer (added with each exercise)
 def _walker_with_power(node):
     ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -234,6 +244,12 @@ WRONG: dict[str, object] = {
                                                             text, re.S)],
     "14.2": _walker_with_power,
     "14.3": lambda got, want: got == want,
+    # notebook 15: observations left in the mask; CISPO's weight not detached (the ratio's
+    # gradient leaks in); the returns (A + V) instead of the advantages
+    "15.1": lambda prompt, turns: (prompt + [t for s, o in turns for t in s + o],
+                                   [0] * len(prompt) + [1 for s, o in turns for _ in s + o]),
+    "15.2": lambda logp, old, adv, m: torch.exp(logp - old).clamp(max=m) * adv[:, None] * logp,
+    "15.3": _gae_returns,
     # notebook 16: the gradient without the T^2 in front of the KL; the teacher's top token as
     # a hard label instead of its distribution; every teacher answer kept, finished or not
     "16.1": lambda s, t, T: (torch.softmax(s / T, -1) - torch.softmax(t / T, -1)) / (T * len(s)),

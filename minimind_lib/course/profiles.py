@@ -51,10 +51,12 @@ from minimind_lib.core.device import check_seed
 from minimind_lib.core.download import DOWNLOAD_DIR
 from minimind_lib.model.config import MiniMindConfig
 from minimind_lib.model.presets import preset
+from minimind_lib.training.agent_rl import AgentSettings
 from minimind_lib.training.distill import DistillSettings
 from minimind_lib.training.dpo import DPOSettings
 from minimind_lib.training.grpo import GRPOSettings
 from minimind_lib.training.lora import LoRASettings
+from minimind_lib.training.ppo import PPOSettings
 from minimind_lib.training.settings import RunOptions, TrainSettings
 from minimind_lib.training.sft import SFTSettings
 from minimind_lib.vision.clip import CLIPConfig
@@ -88,7 +90,9 @@ class Profile:
     lora: LoRASettings
     eval_per_task: int  # held-out questions per task type used by evaluations
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    ppo: PPOSettings = field(default_factory=PPOSettings)  # GRPO's sibling with a critic
     distill: DistillSettings = field(default_factory=DistillSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)  # agentic RL (notebook 15)
     seed: int = 42
     vision: VisionSettings = field(default_factory=VisionSettings)  # the vision stage (notebook 13)
     train: RunOptions = field(default_factory=RunOptions)
@@ -147,9 +151,16 @@ def _smoke() -> Profile:
         # 0.66 -> 0.76 (first -> last third); three tasks at 3e-4 stayed flat (0.50 -> 0.49)
         grpo=GRPOSettings(batch_size=8, seq_len=128, learning_rate=3e-4, max_steps=30,
                           warmup_steps=2, eval_every=5, save_every=30, tasks="larger_number"),
+        # PPO with a critic on GRPO's budget (8 questions x 8 answers a step, 30 steps)
+        ppo=PPOSettings(batch_size=8, seq_len=128, learning_rate=3e-4, max_steps=30,
+                        warmup_steps=2, eval_every=5, save_every=30, tasks="larger_number"),
         distill=DistillSettings(batch_size=8, seq_len=256, learning_rate=2e-3, max_steps=30,
                                 warmup_steps=3, eval_every=10, eval_batches=5, save_every=30,
                                 max_examples=800),
+        # agentic RL (notebook 15) starts from the shipped model too (the smoke sft model calls
+        # no tool): 3 steps of 4 tasks x 4 episodes show the machinery, not a gain
+        agent=AgentSettings(batch_size=4, group_size=4, seq_len=768, learning_rate=1e-4,
+                            max_steps=3, warmup_steps=1, eval_every=3, save_every=3),
         # vision (notebook 13): the smallest run that reads the picture. The smoke sft model
         # never does (150 VLM steps at lr 3e-3: VQA 32%, chance 35.7%); notebook 13 and
         # `vision --init data/reference/sft` put the shipped chat model under it. 16-pixel
@@ -207,11 +218,18 @@ def _cpu() -> Profile:
         # skill exact-match; 2e-4 +0.0 (format fell to 93%); 1e-4 with 2 updates per batch +0.3
         grpo=GRPOSettings(batch_size=16, seq_len=256, learning_rate=1e-4, max_steps=200,
                           warmup_steps=5, eval_every=25, save_every=100),
+        # PPO with a critic on GRPO's budget (16 questions x 8 answers, 200 steps, 3 tasks)
+        ppo=PPOSettings(batch_size=16, seq_len=256, learning_rate=1e-4, max_steps=200,
+                        warmup_steps=5, eval_every=25, save_every=100),
         # a student a quarter the teacher's width (1.6M parameters against 4.5M): the KD and
         # baseline arms at equal steps are scripts/distill_probe.py's (docs/benchmarks.md)
         distill=DistillSettings(batch_size=16, seq_len=256, learning_rate=2e-3, max_steps=600,
                                 warmup_steps=20, eval_every=100, save_every=600,
                                 max_examples=4800),
+        # agentic RL from data/reference/sft: 8 tasks x 8 episodes a step, 20 steps (~15 min
+        # of the 2-core machine; measured in docs/benchmarks.md)
+        agent=AgentSettings(batch_size=8, group_size=8, seq_len=768, learning_rate=1e-4,
+                            max_steps=20, warmup_steps=2, eval_every=10, save_every=20),
         # measured (scripts/measure_vision.py, docs/benchmarks.md): zero-shot 66.0%, VQA 81.8%
         # on held-out pairs (400 VLM steps, no position vectors or recolouring: 69.0%, 66.5%),
         # 9.9 min on 1 thread

@@ -18,7 +18,8 @@ A new stage goes here::
         ...                                     # train into ctx.out_dir; return a summary
 
 >>> list(STAGES)
-['tokenizer', 'pretrain', 'sft', 'dpo', 'grpo', 'quantize', 'vision', 'lora', 'distill']
+['tokenizer', 'pretrain', 'sft', 'dpo', 'grpo', 'quantize', 'vision', 'lora', 'distill',
+ 'agent', 'ppo']
 >>> STAGES["sft"].requires, STAGES["sft"].starts_from
 (('tokenizer', 'pretrain'), 'pretrain')
 """
@@ -527,3 +528,7 @@ def distill_stage(ctx: StageContext) -> dict:
             "student_parameters": student.num_parameters(),
             "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
             "perplexity": {n: e.perplexity for n, e in evals.items()}}
+
+
+import minimind_lib.course.stages_agent  # noqa: E402, F401 (registers agent, after the above)
+import minimind_lib.course.stages_ppo  # noqa: E402, F401 (registers ppo, after the stages above)

@@ -3,7 +3,8 @@
 * ``settings``: ``TrainSettings`` (hyper-parameters, budget), ``RunOptions``, ``TrainConfig``;
 * ``loop``: ``train`` = ``start_run`` + ``train_step`` + logging, checkpoints, bit-exact resume;
 * ``logprobs``: per-token and per-sequence log-probabilities of answers;
-* ``sft``, ``dpo``, ``grpo``, ``lora``, ``distill``: each a ``loss_fn`` (or a step) for ``train``;
+* ``sft``, ``dpo``, ``grpo``, ``ppo``, ``lora``, ``distill``: each a ``loss_fn`` (or a step) for
+  ``train``;
 * ``rollout``: the model's own answers to checkable questions, graded;
 * ``memory``: what training holds in memory, counted and measured.
 

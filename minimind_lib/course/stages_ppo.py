@@ -1,0 +1,64 @@
+"""The ``ppo`` stage: PPO with a critic on checkable questions (``training.ppo``), GRPO's
+sibling (``grpo`` in ``course.stages``) on the same questions, rewards and budget.
+
+``course.stages`` imports this module last, so the stage registers after the course's own
+(``list(STAGES)`` ends with it); like ``grpo`` it is not part of ``all``.
+"""
+
+from __future__ import annotations
+
+from minimind_lib.core.atomic import read_json_lines
+from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE
+from minimind_lib.course.stage_data import training_data, training_questions
+from minimind_lib.course.stage_eval import profile_eval, stored_eval, training_summary, write_eval
+from minimind_lib.course.stage_registry import StageContext, read_marker, register
+from minimind_lib.evaluation.model_eval import eval_report
+from minimind_lib.evaluation.questions import load_eval_records, select_per_task, summarize
+from minimind_lib.model.checkpoint import load_model, save_model
+from minimind_lib.training.ppo import train_ppo
+from minimind_lib.training.rollout import verifiable_questions
+from minimind_lib.training.settings import TrainConfig
+
+
+@register("ppo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("sft"),
+          serves=True, in_all=False, settings="ppo", evaluates=True, title="PPO",
+          curves=("reward", "kl", "value_loss", "explained_variance"),
+          validation="val_accuracy: the share of held-out questions answered right, greedily",
+          training="the PPO loss of each step's mini-batches: the clipped policy surrogate of "
+                   "the GAE advantages plus vf_coef times the clipped value loss",
+          description="PPO with a critic and verifiable rewards: sampled answers to checkable "
+                      "questions, rewarded by the exact-match checker, per-token advantages "
+                      "from a learned value model (GAE); evaluates before and after")
+def ppo_stage(ctx: StageContext) -> dict:
+    """``ctx.start_dir()`` (sft, or ``--init DIR``) → PPO-trained policy in ``ctx.out_dir``
+    with ``profile.ppo`` (``metrics.jsonl``: reward, kl, value_loss, explained_variance per
+    step; ``eval.json``: the held-out scores before and after; the critic is trained beside
+    the policy and kept only in the checkpoints). Not part of ``all``, as GRPO is not."""
+    profile, settings = ctx.profile, ctx.profile.ppo
+    tokenizer = ctx.tokenizer()
+    start = ctx.start_dir()
+    policy = load_model(start)
+    questions, _ = training_questions(profile, settings.tasks, None, "ppo")
+    # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
+    held_out = verifiable_questions(select_per_task(load_eval_records(),
+                                                    min(50, profile.eval_per_task)), settings.tasks)
+    before = (stored_eval(start, profile.eval_per_task, (read_marker(start) or {}).get("stage"))
+              or profile_eval(policy, tokenizer, profile, ctx.progress))
+    config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
+                                    precision=ctx.precision, device=ctx.device, seed=profile.seed,
+                                    progress=ctx.progress)
+    train_ppo(policy, tokenizer, questions, settings, config, resume=ctx.resume,
+              held_out=held_out, callbacks=ctx.callbacks)
+    rows = read_json_lines(ctx.out_dir / METRICS_FILE)  # every step, also those before a resume
+    policy = policy.cpu()
+    save_model(policy, ctx.out_dir)
+    evals = {"sft": before, "ppo": profile_eval(policy, tokenizer, profile, ctx.progress)}
+    write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
+    print("held-out questions\n" + eval_report(evals))
+    fifth = max(1, len(rows) // 5)
+    return {**training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
+            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
+                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
+                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}

@@ -205,6 +205,10 @@ class AgentSettings(PolicySettings):
     weights. ``max_new_tokens`` is each turn's budget; ``seq_len`` caps a whole episode."""
 
     loss: str = "cispo"
+    # measured on 24 training tasks x 4 episodes from the shipped model: at T = 1 a call's
+    # arguments were copied right in 1% of episodes and 37% of calls ran; at 0.5, 5% and 74%
+    # (MiniMind samples at 0.8). The policy trained is softmax(logits / T), as GRPO's.
+    temperature: float = 0.5
     max_new_tokens: int = 96
     max_rounds: int = 3  # turns an episode may write (a call and its answer need 2)
     weights: AgentRewardWeights = field(default_factory=AgentRewardWeights)

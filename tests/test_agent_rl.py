@@ -334,3 +334,30 @@ def test_agent_rollout_rewards_every_episode():
     assert ro.rewards.shape == (1, 3)
     for episode, r in zip(ro.groups[0], ro.rewards[0].tolist(), strict=True):
         assert r == pytest.approx(agent_reward(episode, TASK, settings.weights))
+
+
+def test_the_stage_reads_minimind_agent_rl_files_and_names_a_bad_line(tmp_path, monkeypatch):
+    from minimind_lib.course.profiles import get_profile
+    from minimind_lib.course.stages_agent import agent_tasks
+
+    mm_tools = [{"type": "function", "function": {"name": "calculate_math", "description": "x",
+                                                  "parameters": {"type": "object", "properties": {
+                                                      "expression": {"type": "string"}}}}}]
+    line = {"conversations": [{"role": "system", "content": "", "tools": json.dumps(mm_tools)},
+                              {"role": "user", "content": "3*7?"},
+                              {"role": "assistant", "content": ""}], "gt": ["21"]}
+    (tmp_path / "agent_rl.jsonl").write_text(json.dumps(line) + "\n" + json.dumps(line) + "\n")
+    monkeypatch.setenv("MINIMIND_DATA_DIR", str(tmp_path))
+    tasks = agent_tasks(get_profile("smoke"))
+    assert len(tasks) == 2 and tasks[0].kind == "agent" and tasks[0].gt == ["21"]
+    assert tasks[0].tools[0]["function"]["name"] == "calculate_math"
+    # a tool the course does not have is answered with an error, never run
+    from minimind_lib.tools import execute_tool
+    from minimind_lib.training.agent_rollout import run_calls
+    calls, shown = run_calls([{"name": "calculate_math", "arguments": {"expression": "3*7"}}], [],
+                             tasks[0].tools, execute_tool)
+    assert not calls[0]["valid"] and "unknown tool" in shown[0]
+    (tmp_path / "agent_rl.jsonl").write_text(json.dumps(line) + "\n" + json.dumps(
+        {**line, "gt": {"a": 1}}) + "\n")
+    with pytest.raises(DataFormatError, match=r"agent_rl.jsonl:2: field 'gt' must be a list"):
+        agent_tasks(get_profile("smoke"))

@@ -334,6 +334,8 @@ def test_agent_rollout_rewards_every_episode():
     assert ro.rewards.shape == (1, 3)
     for episode, r in zip(ro.groups[0], ro.rewards[0].tolist(), strict=True):
         assert r == pytest.approx(agent_reward(episode, TASK, settings.weights))
+    stats = ro.stats()  # the logged terms add up to the logged reward
+    assert sum(stats[f"reward_{name}"] for name in ro.terms) == pytest.approx(stats["reward"])
 
 
 def test_the_stage_reads_minimind_agent_rl_files_and_names_a_bad_line(tmp_path, monkeypatch):

@@ -222,7 +222,10 @@ class AgentSettings(PolicySettings):
 
 @dataclass
 class AgentRollout(Rollout):
-    """A sampling round of episodes: ``groups`` hold ``Trajectory``s, ``questions`` the tasks."""
+    """A sampling round of episodes: ``groups`` hold ``Trajectory``s, ``questions`` the tasks,
+    ``terms`` each reward term's mean over the episodes."""
+
+    terms: dict[str, float] = field(default_factory=dict)
 
     def stats(self) -> dict[str, float]:
         """The round's metrics: mean ``reward`` and its terms (``reward_<term>``), ``solved``
@@ -239,7 +242,7 @@ class AgentRollout(Rollout):
                "response_length": sum(sum(e.mask) for e, _ in pairs) / n,
                "turns": sum(len(e.replies) for e, _ in pairs) / n,
                "signal": (self.rewards.std(dim=1) > 0).float().mean().item()}
-        return out
+        return out | {f"reward_{name}": value for name, value in self.terms.items()}
 
 
 def agent_rollout(model: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[AgentTask],
@@ -251,11 +254,14 @@ def agent_rollout(model: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[Age
                            max_new_tokens=settings.max_new_tokens,
                            temperature=settings.temperature if temperature is None
                            else temperature, seq_len=settings.seq_len, generator=generator)
-    rewards = torch.tensor([[agent_reward(e, t, settings.weights) for e in g]
-                            for t, g in zip(tasks, groups, strict=True)])  # (P, k)
+    terms = [[reward_terms(e, t, settings.weights) for e in g]
+             for t, g in zip(tasks, groups, strict=True)]
+    rewards = torch.tensor([[round(sum(x.values()), 6) for x in row] for row in terms])  # (P, k)
     advantages = (group_advantages(rewards, settings.scale_rewards) if k > 1
                   else torch.zeros_like(rewards))  # one episode a task: no group, no baseline
-    return AgentRollout(list(tasks), groups, rewards, advantages)
+    flat = [x for row in terms for x in row]
+    means = {name: sum(x[name] for x in flat) / len(flat) for name in flat[0]} if flat else {}
+    return AgentRollout(list(tasks), groups, rewards, advantages, means)
 
 
 class AgentStep(GRPOStep):

@@ -56,7 +56,7 @@ from minimind_lib.tools.lookup import poem_authors  # noqa: E402
 
 SEED = 20260401
 TRAIN_FILE, EVAL_FILE = "sft_tools.jsonl", "eval/tools_eval.jsonl"
-AGENT_FILE, AGENT_PER_KIND = "agent_rl.jsonl", 200
+AGENT_FILE, AGENT_PER_KIND = "agent_rl.jsonl", 120  # data/ keeps under its 12 MB budget
 #: training records per kind, and held-out records per kind
 TRAIN = {"calculate": 450, "convert_units": 250, "days_between": 180, "weekday": 180,
          "poem_author": 200, "no_tool": 350, "without_tools": 200, "multi_step": 800}
@@ -303,6 +303,11 @@ def readme_section(files: dict[str, list[dict]], data_dir: Path) -> str:
               "`tool_task`, `family` (\"tool\"), `answer` (the exact final reply), `call` "
               "(the expected call or null); held-out questions and poem titles are disjoint "
               "from the training ones.", "",
+              f"`{AGENT_FILE}` (notebook 15, the `agent` stage): agent-RL tasks in MiniMind's "
+              "`agent_rl.jsonl` format: `conversations` (the system turn with the offered tools, "
+              "the question, and a last assistant turn the trainer drops) and `gt` (what a right "
+              "final answer contains: the tool's result as the answer writes it), plus "
+              "`tool_task` and `answer`; new questions, none in the two files above.", "",
               "Licences: the arithmetic, unit and date questions are generated (the course's "
               "MIT licence); the poem titles and authors come from `pretrain_sample.jsonl` "
               "(chinese-poetry, MIT) and the `no_tool` questions from `sft_sample.jsonl` / "

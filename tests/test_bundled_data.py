@@ -45,7 +45,7 @@ def bundled_files() -> list[Path]:
 def schema_of(path: Path) -> str:
     if path.name in TOOL_FILES:
         return "sft"
-    return next(s for s in ("pretrain", "sft", "dpo") if path.name.startswith(s))
+    return next(s for s in ("pretrain", "sft", "dpo", "agent_rl") if path.name.startswith(s))
 
 
 @cache
@@ -176,6 +176,9 @@ def test_every_bundled_file_parses(path: Path) -> None:
         return
     if path.name in TOOL_FILES:
         assert all(r["family"] == "tool" and isinstance(r["tool_task"], str) for r in rows)
+        return
+    if schema_of(path) == "agent_rl":  # scripts/build_tool_data.py's agent tasks
+        assert all(r["gt"] and isinstance(r["tool_task"], str) for r in rows)
         return
     for r in rows:
         assert r["family"] in FAMILIES and isinstance(r["task"], str), r

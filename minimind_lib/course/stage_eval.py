@@ -19,7 +19,7 @@ from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE
 from minimind_lib.course.profiles import Profile
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.evaluation.model_eval import ModelEval, evaluate_model
-from minimind_lib.evaluation.questions import evaluate_sft
+from minimind_lib.evaluation.questions import evaluate_sft, summarize
 from minimind_lib.tokenizer.bpe import BPETokenizer
 
 
@@ -83,3 +83,20 @@ def training_summary(rows: list[dict]) -> dict:
     return {"steps": last.get("step"), "final_loss": last.get("loss"),
             "final_val_loss": last.get("val_loss"), "tokens": last.get("tokens"),
             "metrics": METRICS_FILE}
+
+
+def rl_summary(rows: list[dict], evals: dict[str, ModelEval]) -> dict:
+    """An RL stage's ``stage.json`` summary (grpo, ppo, agent): ``training_summary``, the mean
+    reward of the first and the last fifth of the steps, and each model's held-out exact match
+    (all tasks, and the skill family's when scored).
+
+    >>> rl_summary([{"step": 1, "reward": 0.0}, {"step": 2, "reward": 1.0}], {})["reward"]
+    {'first_fifth': 0.0, 'last_fifth': 1.0}
+    """
+    fifth = max(1, len(rows) // 5)
+    return {**training_summary(rows), "eval": EVAL_FILE,
+            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
+                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
+            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
+            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
+                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}

@@ -62,6 +62,7 @@ from minimind_lib.course.stage_data import (
 from minimind_lib.course.stage_eval import (
     domain_eval,
     profile_eval,
+    rl_summary,
     stored_eval,
     training_summary,
     write_eval,
@@ -326,13 +327,7 @@ def grpo_stage(ctx: StageContext) -> dict:
     evals = {"sft": before, "grpo": profile_eval(policy, tokenizer, ctx.profile, ctx.progress)}
     write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
     print("held-out questions\n" + eval_report(evals))
-    fifth = max(1, len(rows) // 5)
-    return {**training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
-            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
-                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
-            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
-            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
-                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}
+    return {**rl_summary(rows, evals), "questions": len(questions)}
 
 
 @register("quantize", requires=("tokenizer", "dpo"), starts_from="dpo", evaluates=True,

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minimind_lib.core.atomic import read_json_lines
-from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE
+from minimind_lib.core.filenames import METRICS_FILE
 from minimind_lib.course.profiles import Profile
 from minimind_lib.course.stage_data import training_data
-from minimind_lib.course.stage_eval import profile_eval, stored_eval, training_summary, write_eval
+from minimind_lib.course.stage_eval import profile_eval, rl_summary, stored_eval, write_eval
 from minimind_lib.course.stage_registry import StageContext, read_marker, register
 from minimind_lib.data.readers import dataset_files, read_jsonl
 from minimind_lib.evaluation.model_eval import eval_report
-from minimind_lib.evaluation.questions import eval_files, summarize
+from minimind_lib.evaluation.questions import eval_files
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.training.agent_rl import solved_rate, train_agent
 from minimind_lib.training.agent_rollout import AgentTask, agent_task
@@ -130,9 +130,5 @@ def agent_stage(ctx: StageContext) -> dict:
                loss=settings.loss, agent_solved=solved, agent_n=counts)
     print("held-out tool tasks, greedy episodes (exact final answer)\n"
           + solved_table(solved, counts) + "\n\nheld-out questions\n" + eval_report(evals))
-    fifth = max(1, len(rows) // 5)
-    return {**training_summary(rows), "tasks": len(tasks), "eval": EVAL_FILE,
-            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
-                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
-            "solved": {n: s["all"] for n, s in solved.items()},
-            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()}}
+    return {**rl_summary(rows, evals), "tasks": len(tasks),
+            "solved": {n: s["all"] for n, s in solved.items()}}

@@ -8,12 +8,12 @@ sibling (``grpo`` in ``course.stages``) on the same questions, rewards and budge
 from __future__ import annotations
 
 from minimind_lib.core.atomic import read_json_lines
-from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE
+from minimind_lib.core.filenames import METRICS_FILE
 from minimind_lib.course.stage_data import training_data, training_questions
-from minimind_lib.course.stage_eval import profile_eval, stored_eval, training_summary, write_eval
+from minimind_lib.course.stage_eval import profile_eval, rl_summary, stored_eval, write_eval
 from minimind_lib.course.stage_registry import StageContext, read_marker, register
 from minimind_lib.evaluation.model_eval import eval_report
-from minimind_lib.evaluation.questions import load_eval_records, select_per_task, summarize
+from minimind_lib.evaluation.questions import load_eval_records, select_per_task
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.training.ppo import train_ppo
 from minimind_lib.training.rollout import verifiable_questions
@@ -55,10 +55,4 @@ def ppo_stage(ctx: StageContext) -> dict:
     evals = {"sft": before, "ppo": profile_eval(policy, tokenizer, profile, ctx.progress)}
     write_eval(ctx.out_dir, profile.eval_per_task, evals, tasks=settings.tasks)
     print("held-out questions\n" + eval_report(evals))
-    fifth = max(1, len(rows) // 5)
-    return {**training_summary(rows), "questions": len(questions), "eval": EVAL_FILE,
-            "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
-                       "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
-            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
-            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
-                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}
+    return {**rl_summary(rows, evals), "questions": len(questions)}

@@ -18,7 +18,7 @@ from minimind_lib.course.profiles import Profile
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split, tokenize_corpus
 from minimind_lib.data.readers import dataset_files, read_jsonl
-from minimind_lib.evaluation.questions import answer_budget
+from minimind_lib.evaluation.questions import answer_budget, load_eval_records, select_per_task
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer
 from minimind_lib.tokenizer.chat3 import offers_tools
@@ -103,6 +103,14 @@ def training_questions(profile: Profile, tasks: str, count: int | None, stage: s
     seen = {_prompt_key(q) for q in train}
     rest = [q for q in questions if _prompt_key(q) not in seen]
     return train, reservoir_sample(rest, held_out, profile.seed + 1)
+
+
+def held_out_questions(profile: Profile, tasks: str, per_task: int = 50) -> list[Question]:
+    """The held-out questions of ``tasks`` an RL stage validates on (greedy, every
+    ``eval_every`` steps): the first ``per_task`` of each (at most the profile's
+    ``eval_per_task``)."""
+    records = select_per_task(load_eval_records(), min(per_task, profile.eval_per_task))
+    return verifiable_questions(records, tasks)
 
 
 def _prompt_key(question: Question) -> tuple:

@@ -17,6 +17,7 @@ from minimind_lib.core.atomic import atomic_write_text
 from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.filenames import EVAL_FILE, METRICS_FILE
 from minimind_lib.course.profiles import Profile
+from minimind_lib.course.stage_registry import StageContext, read_marker
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.evaluation.model_eval import ModelEval, evaluate_model
 from minimind_lib.evaluation.questions import evaluate_sft, summarize
@@ -75,6 +76,18 @@ def write_eval(out_dir: Path, per_task: int, evals: dict[str, ModelEval],
     atomic_write_text(out_dir / EVAL_FILE, json.dumps(
         {"per_task": per_task, **extra,
          "models": {name: e.to_dict() for name, e in evals.items()}}, indent=2) + "\n")
+
+
+def stored_start_eval(ctx: StageContext) -> ModelEval | None:
+    """The starting model's own held-out record (``stored_eval``: the entry of the stage its
+    ``stage.json`` names), when it scored the same questions; else None."""
+    start = ctx.start_dir()
+    return stored_eval(start, ctx.profile.eval_per_task, (read_marker(start) or {}).get("stage"))
+
+
+def start_eval(ctx: StageContext, model: nn.Module, tokenizer: BPETokenizer) -> ModelEval:
+    """The starting model's held-out record: the stored one, else measured now."""
+    return stored_start_eval(ctx) or profile_eval(model, tokenizer, ctx.profile, ctx.progress)
 
 
 def training_summary(rows: list[dict]) -> dict:

@@ -52,6 +52,7 @@ from minimind_lib.course.stage_data import (
     distill_conversations,
     dpo_pairs,
     dpo_sources,
+    held_out_questions,
     lora_training_records,
     pretraining_tokens,
     replay_text,
@@ -63,7 +64,8 @@ from minimind_lib.course.stage_eval import (
     domain_eval,
     profile_eval,
     rl_summary,
-    stored_eval,
+    start_eval,
+    stored_start_eval,
     training_summary,
     write_eval,
 )
@@ -78,19 +80,18 @@ from minimind_lib.course.stage_registry import (  # noqa: F401 (re-exported)
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.data.pretraining import PretrainDataset, load_pretrain_split
 from minimind_lib.data.readers import dataset_files
-from minimind_lib.evaluation.model_eval import ModelEval, eval_report
+from minimind_lib.evaluation.model_eval import eval_report
 from minimind_lib.evaluation.precision import formats_table, measure_formats
 from minimind_lib.evaluation.preferences import summarize_preferences
 from minimind_lib.evaluation.questions import (
     load_eval_records,
-    select_per_task,
     summarize,
 )
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.model.int8 import FORMAT as INT8_FORMAT
 from minimind_lib.model.quantize import quantize_int8
-from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, BPETokenizer, copy_tokenizer_files
+from minimind_lib.tokenizer.bpe import COURSE_TOKENIZER_DIR, copy_tokenizer_files
 from minimind_lib.training.distill import student_config, train_distill
 from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.dpo import (
@@ -107,7 +108,6 @@ from minimind_lib.training.lora import (
     merge_lora,
     save_adapter,
 )
-from minimind_lib.training.rollout import verifiable_questions
 from minimind_lib.training.settings import TrainConfig
 from minimind_lib.training.sft import train_sft
 from minimind_lib.vision.clip import CLIP, save_clip
@@ -232,7 +232,7 @@ def dpo_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.dpo
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
-    sft_eval = _start_eval(ctx, policy, tokenizer)
+    sft_eval = start_eval(ctx, policy, tokenizer)
     train_set, val_set, pair_counts = dpo_pairs(profile, policy, tokenizer, device=ctx.device,
                                                 precision=ctx.precision,
                                                 progress=ctx.progress)
@@ -278,20 +278,6 @@ def _last(rows: list[dict], key: str) -> float | None:
     return next((r[key] for r in reversed(rows) if key in r), None)
 
 
-def _stored_start_eval(ctx: StageContext) -> ModelEval | None:
-    """The starting model's own held-out record (``stage_eval.stored_eval``: the entry of the
-    stage its ``stage.json`` names), when it scored the same questions; else None."""
-    start = ctx.start_dir()
-    return stored_eval(start, ctx.profile.eval_per_task, (read_marker(start) or {}).get("stage"))
-
-
-def _start_eval(ctx: StageContext, model: MiniMindForCausalLM,
-                tokenizer: BPETokenizer) -> ModelEval:
-    """The starting model's held-out record: the stored one, else measured now."""
-    return (_stored_start_eval(ctx)
-            or profile_eval(model, tokenizer, ctx.profile, ctx.progress))
-
-
 @register("grpo", requires=("tokenizer", "sft"), starts_from="sft", sources=training_data("sft"),
           serves=True, in_all=False, settings="grpo", evaluates=True, title="GRPO",
           curves=("reward", "kl", "response_length"),
@@ -308,10 +294,8 @@ def grpo_stage(ctx: StageContext) -> dict:
     tokenizer = ctx.tokenizer()
     policy = load_model(ctx.start_dir())
     questions, _ = training_questions(profile, settings.tasks, None, "grpo")
-    # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
-    held_out = verifiable_questions(select_per_task(load_eval_records(),
-                                                    min(50, profile.eval_per_task)), settings.tasks)
-    before = _start_eval(ctx, policy, tokenizer)
+    held_out = held_out_questions(profile, settings.tasks)  # greedy, every eval_every steps
+    before = start_eval(ctx, policy, tokenizer)
     config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
                                     precision=ctx.precision, device=ctx.device, seed=profile.seed,
                                     progress=ctx.progress)
@@ -451,7 +435,7 @@ def lora_stage(ctx: StageContext) -> dict:
     profile, settings = ctx.profile, ctx.profile.lora
     tokenizer, start = ctx.tokenizer(), ctx.start_dir()
     model = load_model(start)
-    before = domain_eval(model, tokenizer, profile, _stored_start_eval(ctx), ctx.progress)
+    before = domain_eval(model, tokenizer, profile, stored_start_eval(ctx), ctx.progress)
     seed_everything(profile.seed)  # the adapters' random A: the same run, the same start
     adapted = add_lora(model, rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
                        target_modules=settings.target_modules)
@@ -512,7 +496,7 @@ def distill_stage(ctx: StageContext) -> dict:
     student, teacher = student.cpu(), teacher.cpu()
     save_model(student, ctx.out_dir)
     copy_tokenizer_files(ctx.dir("tokenizer"), ctx.out_dir)
-    evals = {"teacher": _start_eval(ctx, teacher, tokenizer),
+    evals = {"teacher": start_eval(ctx, teacher, tokenizer),
              "student": profile_eval(student, tokenizer, profile, ctx.progress)}
     write_eval(ctx.out_dir, profile.eval_per_task, evals, mode=settings.mode,
                alpha=settings.alpha, temperature=settings.temperature,

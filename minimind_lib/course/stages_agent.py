@@ -14,8 +14,8 @@ from minimind_lib.core.atomic import read_json_lines
 from minimind_lib.core.filenames import METRICS_FILE
 from minimind_lib.course.profiles import Profile
 from minimind_lib.course.stage_data import training_data
-from minimind_lib.course.stage_eval import profile_eval, rl_summary, stored_eval, write_eval
-from minimind_lib.course.stage_registry import StageContext, read_marker, register
+from minimind_lib.course.stage_eval import profile_eval, rl_summary, start_eval, write_eval
+from minimind_lib.course.stage_registry import StageContext, register
 from minimind_lib.data.readers import dataset_files, read_jsonl
 from minimind_lib.evaluation.model_eval import eval_report
 from minimind_lib.evaluation.questions import eval_files
@@ -105,13 +105,11 @@ def agent_stage(ctx: StageContext) -> dict:
     episode exact match (``agent_solved``))."""
     profile, settings = ctx.profile, ctx.profile.agent
     tokenizer = ctx.tokenizer()
-    start = ctx.start_dir()
-    policy = load_model(start)
+    policy = load_model(ctx.start_dir())
     tasks = agent_tasks(profile)
     held_out = held_out_tasks(profile.eval_per_task, settings.tasks)
     solved = {"start": solved_rate(policy, tokenizer, held_out, settings)}
-    before = (stored_eval(start, profile.eval_per_task, (read_marker(start) or {}).get("stage"))
-              or profile_eval(policy, tokenizer, profile, ctx.progress))
+    before = start_eval(ctx, policy, tokenizer)
     print(f"agent: {len(tasks):,} tasks, {len(held_out)} held out; solved before: "
           f"{solved['start']['all']:.1%}")
     config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from minimind_lib.core.atomic import read_json_lines
 from minimind_lib.core.filenames import METRICS_FILE
-from minimind_lib.course.stage_data import training_data, training_questions
-from minimind_lib.course.stage_eval import profile_eval, rl_summary, stored_eval, write_eval
-from minimind_lib.course.stage_registry import StageContext, read_marker, register
+from minimind_lib.course.stage_data import held_out_questions, training_data, training_questions
+from minimind_lib.course.stage_eval import profile_eval, rl_summary, start_eval, write_eval
+from minimind_lib.course.stage_registry import StageContext, register
 from minimind_lib.evaluation.model_eval import eval_report
-from minimind_lib.evaluation.questions import load_eval_records, select_per_task
 from minimind_lib.model.checkpoint import load_model, save_model
 from minimind_lib.training.ppo import train_ppo
-from minimind_lib.training.rollout import verifiable_questions
 from minimind_lib.training.settings import TrainConfig
 
 
@@ -36,14 +34,10 @@ def ppo_stage(ctx: StageContext) -> dict:
     the policy and kept only in the checkpoints). Not part of ``all``, as GRPO is not."""
     profile, settings = ctx.profile, ctx.profile.ppo
     tokenizer = ctx.tokenizer()
-    start = ctx.start_dir()
-    policy = load_model(start)
+    policy = load_model(ctx.start_dir())
     questions, _ = training_questions(profile, settings.tasks, None, "ppo")
-    # a held-out slice of the same tasks, answered greedily every eval_every steps (val_accuracy)
-    held_out = verifiable_questions(select_per_task(load_eval_records(),
-                                                    min(50, profile.eval_per_task)), settings.tasks)
-    before = (stored_eval(start, profile.eval_per_task, (read_marker(start) or {}).get("stage"))
-              or profile_eval(policy, tokenizer, profile, ctx.progress))
+    held_out = held_out_questions(profile, settings.tasks)  # greedy, every eval_every steps
+    before = start_eval(ctx, policy, tokenizer)
     config = TrainConfig.from_stage(settings, profile.train, out_dir=ctx.out_dir,
                                     precision=ctx.precision, device=ctx.device, seed=profile.seed,
                                     progress=ctx.progress)

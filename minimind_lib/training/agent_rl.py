@@ -76,6 +76,7 @@ from minimind_lib.training.grpo import (
     Rollout,
     group_advantages,
     question_batch,
+    require_enough,
 )
 from minimind_lib.training.logprobs import frozen_copy
 from minimind_lib.training.loop import train
@@ -247,13 +248,14 @@ class AgentRollout(Rollout):
 
 def agent_rollout(model: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[AgentTask],
                   settings: AgentSettings, generator: torch.Generator | None = None,
-                  group_size: int | None = None, temperature: float | None = None) -> AgentRollout:
-    """Roll out every task ``group_size`` times, reward the episodes, normalise within groups."""
+                  group_size: int | None = None) -> AgentRollout:
+    """Roll out every task ``group_size`` times (default: the settings'), reward the episodes,
+    normalise within groups."""
     k = group_size or settings.group_size
     groups = rollout_agent(model, tokenizer, tasks, k, max_rounds=settings.max_rounds,
                            max_new_tokens=settings.max_new_tokens,
-                           temperature=settings.temperature if temperature is None
-                           else temperature, seq_len=settings.seq_len, generator=generator)
+                           temperature=settings.temperature, seq_len=settings.seq_len,
+                           generator=generator)
     terms = [[reward_terms(e, t, settings.weights) for e in g]
              for t, g in zip(tasks, groups, strict=True)]
     rewards = torch.tensor([[round(sum(x.values()), 6) for x in row] for row in terms])  # (P, k)
@@ -289,16 +291,24 @@ def fitting_tasks(tokenizer: BPETokenizer, tasks: Sequence[AgentTask],
             if len(encode_chat(tokenizer, t.messages, True, tools=t.tools)) <= room]
 
 
-def solved_rate(model: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[AgentTask],
-                settings: AgentSettings) -> dict[str, float]:
-    """Greedy episodes of ``tasks``: the share ``solved``, overall (``"all"``) and per kind."""
-    ro = agent_rollout(model, tokenizer, tasks, settings, group_size=1, temperature=0.0)
+def solved_by_kind(tasks: Sequence[AgentTask],
+                   groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """The share of episodes ``solved``, overall (``"all"``) and per task kind."""
     by_kind: dict[str, list[bool]] = {}
-    for task, (episode,) in zip(tasks, ro.groups, strict=True):
-        by_kind.setdefault(task.kind, []).append(solved(episode, task))
+    for task, group in zip(tasks, groups, strict=True):
+        by_kind.setdefault(task.kind, []).extend(solved(e, task) for e in group)
     flat = [x for v in by_kind.values() for x in v]
     return {"all": sum(flat) / max(len(flat), 1)} | {k: sum(v) / len(v)
                                                       for k, v in by_kind.items()}
+
+
+def solved_rate(model: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[AgentTask],
+                settings: AgentSettings) -> dict[str, float]:
+    """One greedy episode of each task (the settings' limits): ``solved_by_kind``."""
+    groups = rollout_agent(model, tokenizer, tasks, 1, max_rounds=settings.max_rounds,
+                           max_new_tokens=settings.max_new_tokens, temperature=0.0,
+                           seq_len=settings.seq_len)
+    return solved_by_kind(tasks, groups)
 
 
 def _val_solved(model: nn.Module, *, tokenizer: BPETokenizer, tasks: Sequence[AgentTask],
@@ -315,11 +325,7 @@ def train_agent(policy: nn.Module, tokenizer: BPETokenizer, tasks: Sequence[Agen
     and bit-exact resume through ``config.out_dir``; with ``held_out`` tasks, ``val_solved``
     every ``eval_every`` steps, greedy)."""
     tasks = fitting_tasks(tokenizer, tasks, settings)
-    needed = config.batch_size * config.accumulation_steps
-    if len(tasks) < needed:
-        raise ValueError(f"agentic RL needs at least {needed} tasks whose prompt fits seq_len - "
-                         f"max_new_tokens ({settings.seq_len} - {settings.max_new_tokens}); "
-                         f"{len(tasks)} do")
+    require_enough(tasks, config, settings, "agentic RL", "tasks")
     reference = frozen_copy(policy) if settings.kl_beta > 0 else None
     eval_fn = (partial(_val_solved, tokenizer=tokenizer, tasks=list(held_out),
                        settings=settings) if held_out else None)

@@ -331,6 +331,24 @@ class Rollout:
                        advantages=self.advantages[keep])
 
 
+def grade(questions: Sequence[Question], groups: Sequence[Sequence[Sample]],
+          format_reward: float = 0.0, kind: str = "exact") -> Tensor:
+    """Each sampled answer's ``rollout.verifiable_reward``, (P, G) (PPO grades the same way)."""
+    return torch.tensor([[verifiable_reward(s.answer, q.answer, format_reward, kind) for s in g]
+                         for q, g in zip(questions, groups, strict=True)])
+
+
+def require_enough(prompts: Sequence, config: TrainConfig, settings: TrainSettings,
+                   what: str, noun: str = "questions") -> None:
+    """The error when fewer ``prompts`` fit ``seq_len - max_new_tokens`` than one optimizer
+    step takes (``batch_size * accumulation_steps``): GRPO's, PPO's and agentic RL's check."""
+    needed = config.batch_size * config.accumulation_steps
+    if len(prompts) < needed:
+        raise ValueError(f"{what} needs at least {needed} {noun} whose prompt fits seq_len - "
+                         f"max_new_tokens ({settings.seq_len} - {settings.max_new_tokens}); "
+                         f"{len(prompts)} do")
+
+
 def rollout(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Question],
             settings: GRPOSettings, generator: torch.Generator | None = None) -> Rollout:
     """Sample ``settings.group_size`` answers per question, reward them
@@ -338,9 +356,7 @@ def rollout(model: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Quest
     groups = sample_answers(model, tokenizer, questions, settings.group_size,
                             max_new_tokens=settings.max_new_tokens,
                             temperature=settings.temperature, generator=generator)
-    rewards = torch.tensor([[verifiable_reward(s.answer, q.answer, settings.format_reward,
-                                               settings.reward)
-                             for s in g] for q, g in zip(questions, groups, strict=True)])  # (P, G)
+    rewards = grade(questions, groups, settings.format_reward, settings.reward)  # (P, G)
     return Rollout(list(questions), groups, rewards,
                    group_advantages(rewards, settings.scale_rewards))
 
@@ -422,8 +438,8 @@ class GRPOStep:
 
     def __call__(self, run: TrainRun, step: int) -> StepResult:
         if run.info.world_size > 1:
-            raise ValueError("GRPO runs in one process (its rollouts are not split across "
-                             "ranks); start it without torchrun")
+            raise ValueError(f"{self.desc} runs in one process (its rollouts are not split "
+                             "across ranks); start it without torchrun")
         settings, t0 = self.settings, time.perf_counter()
         questions = [q for _ in range(self.accumulation_steps) for q in next(run.batches)]
         generator = torch.Generator(run.device).manual_seed(self.seed * 1_000_003 + step)
@@ -475,11 +491,7 @@ def train_grpo(policy: nn.Module, tokenizer: BPETokenizer, questions: Sequence[Q
     answered right greedily, as the evaluation answers.
     """
     questions = fitting_questions(tokenizer, questions, settings)
-    needed = config.batch_size * config.accumulation_steps
-    if len(questions) < needed:
-        raise ValueError(f"GRPO needs at least {needed} questions whose prompt fits "
-                         f"seq_len - max_new_tokens ({settings.seq_len} - "
-                         f"{settings.max_new_tokens}); {len(questions)} do")
+    require_enough(questions, config, settings, "GRPO")
     reference = frozen_copy(policy) if settings.kl_beta > 0 else None
     eval_fn = (partial(_greedy_accuracy, tokenizer=tokenizer, questions=held_out,
                        settings=settings) if held_out else None)

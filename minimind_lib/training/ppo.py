@@ -74,13 +74,15 @@ from minimind_lib.training.grpo import (
     aggregate,
     clipped_surrogate,
     fitting_questions,
+    grade,
     greedy_accuracy,
     kl_k3,
     question_batch,
+    require_enough,
 )
 from minimind_lib.training.logprobs import frozen_copy, token_logprobs
 from minimind_lib.training.loop import StepResult, TrainRun, train, train_step
-from minimind_lib.training.rollout import REWARDS, Question, sample_answers, verifiable_reward
+from minimind_lib.training.rollout import REWARDS, Question, sample_answers
 from minimind_lib.training.settings import TrainConfig, TrainSettings, require_positive
 
 
@@ -426,9 +428,7 @@ class PPOStep:
             groups = sample_answers(run.model.policy, self.tokenizer, questions,
                                     settings.group_size, max_new_tokens=settings.max_new_tokens,
                                     temperature=settings.temperature, generator=generator)
-        rewards = torch.tensor([[verifiable_reward(s.answer, q.answer, settings.format_reward,
-                                                   settings.reward) for s in g]
-                                for q, g in zip(questions, groups, strict=True)])  # (P, G)
+        rewards = grade(questions, groups, settings.format_reward, settings.reward)  # (P, G)
         rows = [{"input_ids": torch.tensor(s.prompt + s.response),
                  "labels": torch.tensor(s.labels())} for g in groups for s in g]
         batch = pad_sft_batch(rows, self.tokenizer.token_to_id(END_OF_TEXT))  # (P*G, T) each
@@ -480,11 +480,7 @@ def train_ppo(policy: MiniMindForCausalLM, tokenizer: BPETokenizer,
     steps (and at the end) the row also carries ``val_accuracy`` (greedy, as GRPO's).
     """
     questions = fitting_questions(tokenizer, questions, settings)
-    needed = config.batch_size * config.accumulation_steps
-    if len(questions) < needed:
-        raise ValueError(f"PPO needs at least {needed} questions whose prompt fits "
-                         f"seq_len - max_new_tokens ({settings.seq_len} - "
-                         f"{settings.max_new_tokens}); {len(questions)} do")
+    require_enough(questions, config, settings, "PPO")
     reference = frozen_copy(policy) if settings.kl_coef > 0 else None
     model = ActorCritic(policy, ValueModel(policy), settings.temperature)
     eval_fn = (partial(_policy_accuracy, tokenizer=tokenizer, questions=held_out,

@@ -17,7 +17,8 @@ TEST_THREADS ?= 1
 # notebook's cells run in order in one kernel). `make test TEST_JOBS=1` runs them in one process.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
-.PHONY: reference setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp
+.PHONY: reference setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp \
+	eval-harness
 
 setup: $(STAMP)
 
@@ -32,7 +33,7 @@ run: setup
 	$(PY) -m minimind_lib all --profile $(PROFILE)
 
 ## test: ruff + unit/equivalence tests + every notebook under nbval with the smoke profile
-test: setup browser lint unit notebooks
+test: setup browser eval-harness lint unit notebooks
 
 ## browser: Debian's chromium + chromium-driver for the chat page's browser test (apt-get, as
 ## root or through sudo); where they cannot be installed the test skips and says so
@@ -46,6 +47,12 @@ browser:
 		|| echo "warning: could not install chromium: the chat page's browser test will skip"; \
 	else echo "warning: chromium/chromium-driver missing and no root to apt-get them: the chat \
 	page's browser test will skip"; fi
+
+## eval-harness: lm-evaluation-harness (the `[eval]` extra, ~25 s from PyPI) for `bench` and
+## tests/test_harness.py; where it cannot be installed the test skips and says so
+eval-harness: setup
+	@$(PY) -c "import lm_eval" 2>/dev/null || $(PY) -m pip install -q -e '.[eval]' \
+		|| echo "warning: could not install lm-eval: tests/test_harness.py will skip"
 
 ## llama-cpp: llama-cpp-python (compiles llama.cpp: ~10 min on 2 cores) for tests/test_llama_cpp.py
 llama-cpp: setup

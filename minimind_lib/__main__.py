@@ -331,9 +331,10 @@ def run_plan(args: argparse.Namespace) -> int:
 def add_download_arguments(parser: argparse.ArgumentParser) -> None:
     from minimind_lib.core.download import DATA_FILE_SETS, MODELS
 
-    parser.add_argument("what", choices=("data", "model"),
+    parser.add_argument("what", choices=("data", "model", "bench"),
                         help="data: MiniMind's jsonl datasets (--files); model: a released "
-                             "model as a transformers folder (--name)")
+                             "model as a transformers folder (--name); bench: the datasets of "
+                             "lm-eval tasks (--tasks) into the Hugging Face cache")
     parser.add_argument("--files", nargs="+", default=None, metavar="SET|NAME",
                         help=f"data: a set ({', '.join(DATA_FILE_SETS)}; default mini = "
                              "pretrain_t2t_mini, sft_t2t_mini, dpo, rlaif) or file names")
@@ -344,6 +345,10 @@ def add_download_arguments(parser: argparse.ArgumentParser) -> None:
                              "data, data/minimind/<name> for a model)")
     parser.add_argument("--source", choices=("huggingface", "modelscope"), default="huggingface")
     parser.add_argument("--repo", default=None, help="another repo id to fetch the same way")
+    parser.add_argument("--tasks", type=task_list, default=None, metavar="T1,T2",
+                        help=f"bench: lm-eval task names (default {BENCH_TASKS})")
+    parser.add_argument("--include_path", default=None, metavar="DIR",
+                        help="bench: a folder of local lm-eval YAML tasks")
 
 
 def run_download(args: argparse.Namespace) -> int:
@@ -351,6 +356,14 @@ def run_download(args: argparse.Namespace) -> int:
 
     if args.files and args.what != "data" or args.name and args.what != "model":
         raise ValueError("--files goes with `download data`, --name with `download model`")
+    if (args.tasks or args.include_path) and args.what != "bench":
+        raise ValueError("--tasks and --include_path go with `download bench`")
+    if args.what == "bench":
+        tasks = args.tasks or task_list(BENCH_TASKS)
+        harness_module().fetch_tasks(tasks, include_path=args.include_path)
+        print(f"done: the datasets of {', '.join(tasks)} are in the Hugging Face cache; run "
+              "`python -m minimind_lib bench --model DIR` (offline)")
+        return 0
     folder = download(args.what, args.to, source=args.source, repo_id=args.repo,
                       files=args.files, model=args.name)
     if args.what == "data":
@@ -395,6 +408,68 @@ def run_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- bench: lm-evaluation-harness tasks ------------------------------------------------------
+
+#: what MiniMind reports (its README's lm-eval table), the default of ``bench``
+BENCH_TASKS = "ceval-valid,cmmlu,arc_easy,piqa,openbookqa,hellaswag,social_iqa"
+
+
+def task_list(text: str) -> list[str]:
+    """argparse type: comma-separated lm-eval task names."""
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    if not tasks:
+        raise argparse.ArgumentTypeError(f"{text!r}: no task names")
+    return tasks
+
+
+def harness_module():
+    """``evaluation.harness``, or a clear error when lm-eval is not installed."""
+    try:
+        from minimind_lib.evaluation import harness
+    except ImportError as e:
+        raise ValueError(f"bench needs lm-evaluation-harness ({e}): pip install -e '.[eval]' "
+                         "(or `make eval-harness`)") from None
+    return harness
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR|FILE",
+                        help="a stage folder, a transformers folder or a MiniMind .pth")
+    parser.add_argument("--tasks", type=task_list, default=task_list(BENCH_TASKS),
+                        metavar="T1,T2", help=f"lm-eval task names (default {BENCH_TASKS})")
+    parser.add_argument("--include_path", default=None, metavar="DIR",
+                        help="a folder of local lm-eval YAML tasks")
+    parser.add_argument("--limit", type=int, default=None, help="at most N examples per task")
+    parser.add_argument("--num_fewshot", type=int, default=None)
+    parser.add_argument("--apply_chat_template", action="store_true",
+                        help="contexts through the model's chat template (as MiniMind runs it)")
+    parser.add_argument("--batch-size", type=batch_size, default=32)
+    parser.add_argument("--device", default=None, help="cuda | mps | cpu (default: best)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if not Path(args.model).exists():
+        raise FileNotFoundError(f"--model {args.model}: no such folder or file")
+    if args.include_path and not Path(args.include_path).is_dir():
+        raise FileNotFoundError(f"--include_path {args.include_path}: no such folder")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, got {args.limit}")
+    for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # nothing downloads implicitly
+        os.environ.setdefault(flag, "1")
+    harness = harness_module()
+    try:
+        print(harness.bench(args.model, args.tasks, include_path=args.include_path,
+                            limit=args.limit, batch_size=args.batch_size, device=args.device,
+                            apply_chat_template=args.apply_chat_template,
+                            num_fewshot=args.num_fewshot, as_json=args.json))
+    except ConnectionError as e:
+        raise ValueError(f"a task's dataset is not in the Hugging Face cache ({e}); fetch it "
+                         f"once with `python -m minimind_lib download bench --tasks "
+                         f"{','.join(args.tasks)}`") from None
+    return 0
+
+
 COMMANDS["plan"] = ("what a profile will train: tokens, steps, passes, estimated time",
                     add_plan_arguments, run_plan)
 COMMANDS["download"] = ("fetch MiniMind's datasets or weights (the only command that downloads)",
@@ -403,6 +478,8 @@ COMMANDS["runs"] = ("list the stage folders and kept previous runs (with disk us
                     add_runs_arguments, run_runs)
 COMMANDS["serve"] = ("serve the model over HTTP (OpenAI-compatible)", add_serve_arguments,
                      run_serve)
+COMMANDS["bench"] = ("lm-evaluation-harness tasks (MiniMind's benchmarks) on a model: one table",
+                     add_bench_arguments, run_bench)
 COMMANDS["export"] = ("write a model folder as GGUF (llama.cpp, Ollama) or a Hugging Face folder",
                       add_export_arguments, run_export)
 

@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from minimind_lib.data.readers import read_jsonl
+from minimind_lib.evaluation.multiple_choice import continuation_logprobs
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.special import END_OF_TEXT
@@ -33,7 +34,8 @@ def _device(model: nn.Module) -> torch.device:
 @torch.inference_mode()
 def perplexity(model: nn.Module, tokenizer: BPETokenizer,
                texts_or_path: Sequence[str] | str | Path, seq_len: int, *, batch_size: int = 8,
-               max_tokens: int | None = None, progress: bool = False) -> float:
+               max_tokens: int | None = None, progress: bool = False,
+               per_text: bool = False) -> float:
     """Perplexity of ``model`` on held-out text: ``exp`` of the mean next-token NLL.
 
     ``texts_or_path``: a list of texts or a pretraining-format jsonl file. Texts are encoded,
@@ -41,6 +43,10 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
     windows of ``seq_len + 1`` tokens that overlap by one, so every token after the first is
     predicted exactly once, with up to ``seq_len`` tokens of context (the same windows the
     pretraining data uses).
+
+    ``per_text=True`` scores each text on its own instead, every token of it predicted after an
+    ``<|endoftext|>`` (``text_logprobs``: lm-evaluation-harness's ``loglikelihood_rolling``,
+    which its perplexity tasks such as wikitext use); ``max_tokens`` does not apply.
 
     >>> from minimind_lib.model.config import MiniMindConfig
     >>> from minimind_lib.model.decoder import MiniMindForCausalLM
@@ -54,6 +60,13 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
+    if per_text:
+        texts = _texts(texts_or_path)
+        total = sum(text_logprobs(model, tokenizer, texts, seq_len, batch_size=batch_size))
+        count = sum(len(ids) for ids in tokenizer.encode_batch(texts, allowed_special=set()))
+        if count == 0:
+            raise ValueError("perplexity needs at least 1 token of text")
+        return math.exp(-total / count)
     eos = tokenizer.token_to_id(END_OF_TEXT)
     encoded = tokenizer.encode_batch(_texts(texts_or_path), allowed_special=set())
     stream = [i for ids in encoded for i in ids + [eos]][:max_tokens]
@@ -77,6 +90,41 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
             count += ids[:, 1:].numel()
     model.train(was_training)
     return math.exp(total_nll / count)
+
+
+def rolling_windows(ids: Sequence[int], prefix: int,
+                    seq_len: int) -> list[tuple[list[int], list[int]]]:
+    """(context, predicted) id windows that predict every token of ``ids`` exactly once, each
+    window at most ``seq_len`` inputs: the first after ``prefix``, the next ones ``seq_len``
+    tokens at a time, the last with a full ``seq_len`` of context before its few predicted
+    tokens (lm-eval's ``get_rolling_token_windows`` with ``context_len=1`` and
+    ``make_disjoint_window``).
+
+    >>> rolling_windows([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], prefix=-1, seq_len=4)
+    [([-1], [0, 1, 2, 3]), ([3], [4, 5, 6, 7]), ([5, 6, 7], [8, 9])]
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    ids = list(ids)
+    windows = [([prefix], ids[:seq_len])] if ids else []
+    for start in range(seq_len, len(ids), seq_len):
+        end = min(start + seq_len, len(ids))
+        windows.append((ids[max(end - seq_len - 1, 0):start], ids[start:end]))
+    return windows
+
+
+def text_logprobs(model: nn.Module, tokenizer: BPETokenizer, texts: Sequence[str],
+                  seq_len: int | None = None, *, batch_size: int = 8) -> list[float]:
+    """The log-likelihood of each text on its own: every token predicted once, the first after
+    ``<|endoftext|>``, in ``rolling_windows`` of ``seq_len`` (default: the model's context);
+    special-token strings in a text are text. lm-eval's ``loglikelihood_rolling``."""
+    seq_len = seq_len or model.config.max_position_embeddings
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    encoded = tokenizer.encode_batch(list(texts), allowed_special=set())
+    windows = [rolling_windows(ids, eos, seq_len) for ids in encoded]
+    scores = iter(ll for ll, _ in continuation_logprobs(model, [w for ws in windows for w in ws],
+                                                        batch_size))
+    return [sum(next(scores) for _ in ws) for ws in windows]
 
 
 def _texts(texts_or_path: Sequence[str] | str | Path) -> list[str]:

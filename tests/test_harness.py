@@ -20,6 +20,7 @@ lm_eval = pytest.importorskip(
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
+from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.__main__ import main  # noqa: E402
 from minimind_lib.evaluation import harness  # noqa: E402
 from minimind_lib.evaluation.multiple_choice import (  # noqa: E402
@@ -36,7 +37,6 @@ from minimind_lib.evaluation.questions import load_eval_records, select_per_task
 from minimind_lib.inference.loading import load_for_serving  # noqa: E402
 from minimind_lib.model.generation import generate_many  # noqa: E402
 from minimind_lib.tokenizer.chat import encode_chat  # noqa: E402
-from minimind_lib import DATA_DIR  # noqa: E402
 
 REFERENCE = DATA_DIR / "reference" / "sft"
 TEXTS = ["The river runs past the mill and on to the sea.",

@@ -44,6 +44,7 @@ from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import apply_chat_template, template_of
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
 
+
 def load_bench_model(source: str | os.PathLike,
                      device: str | None = None) -> tuple[nn.Module, BPETokenizer]:
     """A model and its tokenizer from a stage folder (``loading.load_for_serving``) or any other

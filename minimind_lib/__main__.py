@@ -425,7 +425,7 @@ def task_list(text: str) -> list[str]:
 def harness_module():
     """``evaluation.harness``, or a clear error when lm-eval is not installed."""
     try:
-        from minimind_lib.evaluation import harness
+        from minimind_lib.inference import harness
     except ImportError as e:
         raise ValueError(f"bench needs lm-evaluation-harness ({e}): pip install -e '.[eval]' "
                          "(or `make eval-harness`)") from None

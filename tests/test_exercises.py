@@ -256,6 +256,12 @@ WRONG: dict[str, object] = {
     "16.2": lambda s, t, T: T ** 2 * torch.nn.functional.cross_entropy(s / T, t.argmax(-1)),
     "16.3": lambda conversations, answers: [c[:-1] + [{"role": "assistant", "content": a.text}]
                                             for c, a in zip(conversations, answers, strict=True)],
+    # encoded apart: " three" after "two," loses nothing here, but "France is " + "Paris" does
+    "17.1": lambda tok, ctx, cont: (tok.encode(ctx, set()), tok.encode(cont, set())),
+    # per UTF-8 byte, not per character: Chinese choices weigh 3x
+    "17.2": lambda lls, choices: (max(range(len(lls)), key=lambda k: (lls[k], -k)),
+                                  max(range(len(lls)),
+                                      key=lambda k: (lls[k] / len(choices[k].encode()), -k))),
 }
 
 

@@ -22,7 +22,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noq
 
 from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.__main__ import main  # noqa: E402
-from minimind_lib.evaluation import harness  # noqa: E402
+from minimind_lib.inference import harness  # noqa: E402
 from minimind_lib.evaluation.multiple_choice import (  # noqa: E402
     continuation_logprobs,
     held_out_items,

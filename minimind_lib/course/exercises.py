@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from minimind_lib.course.exercises_agent import NOTEBOOK_15
+from minimind_lib.course.exercises_bench import NOTEBOOK_17
 from minimind_lib.course.exercises_distill import NOTEBOOK_16
 from minimind_lib.course.exercises_tools import NOTEBOOK_14
 from minimind_lib.data.conversations import SFTDataset, sft_example
@@ -783,6 +784,6 @@ def _splice(answer):
         "its token embedding")
 
 
-# notebooks 14's, 15's and 16's checks live in their own modules (this one is long enough)
-for _exercise_id, _check in {**NOTEBOOK_14, **NOTEBOOK_15, **NOTEBOOK_16}.items():
+# notebooks 14's to 17's checks live in their own modules (this one is long enough)
+for _exercise_id, _check in {**NOTEBOOK_14, **NOTEBOOK_15, **NOTEBOOK_16, **NOTEBOOK_17}.items():
     check(_exercise_id)(_check)

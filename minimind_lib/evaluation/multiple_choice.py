@@ -14,7 +14,7 @@ The context and the continuation are tokenised as lm-eval's ``_encode_pair`` doe
 whitespace of the context moves to the front of the continuation, the whole text is encoded, and
 the continuation is what follows the context's own ids (so a word keeps its leading-space token).
 ``continuation_logprobs`` is the one scoring loop: the multiple-choice scorer here and the
-lm-evaluation-harness model (``harness.MiniMindLM.loglikelihood``) both call it.
+lm-evaluation-harness model (``inference.harness.MiniMindLM.loglikelihood``) both call it.
 
 >>> mc_metrics([[-3.0, -2.0], [-9.0, -8.0]], [MCItem("q", ["a", "bbbbbbb"], 1),
 ...                                          MCItem("q", ["ccc", "d"], 0)])

@@ -3,7 +3,7 @@
 Importing this module registers the model ``"minimind"`` with ``lm_eval``; then::
 
     import lm_eval
-    import minimind_lib.evaluation.harness  # noqa: F401  (registers "minimind")
+    import minimind_lib.inference.harness  # noqa: F401  (registers "minimind")
     lm_eval.simple_evaluate(model="minimind", model_args="pretrained=runs/cpu/sft",
                             tasks=["arc_easy"])
 
@@ -39,6 +39,7 @@ from torch import nn
 
 from minimind_lib.evaluation.multiple_choice import continuation_logprobs, encode_pair
 from minimind_lib.evaluation.perplexity import text_logprobs
+from minimind_lib.inference.loading import find_tokenizer, load_for_serving
 from minimind_lib.model.generation import generate_many
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import apply_chat_template, template_of
@@ -51,7 +52,6 @@ def load_bench_model(source: str | os.PathLike,
     ``hf.load_pretrained`` source (a transformers folder, a ``.pth``; its tokenizer: the
     folder's ``tokenizer.json``, else the course's)."""
     from minimind_lib.core.device import pick_device
-    from minimind_lib.inference.loading import find_tokenizer, load_for_serving
     from minimind_lib.model.hf import load_pretrained
 
     path = Path(source)

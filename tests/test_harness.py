@@ -22,7 +22,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noq
 
 from minimind_lib import DATA_DIR  # noqa: E402
 from minimind_lib.__main__ import main  # noqa: E402
-from minimind_lib.inference import harness  # noqa: E402
 from minimind_lib.evaluation.multiple_choice import (  # noqa: E402
     continuation_logprobs,
     held_out_items,
@@ -34,6 +33,7 @@ from minimind_lib.evaluation.perplexity import (  # noqa: E402
     text_logprobs,
 )
 from minimind_lib.evaluation.questions import load_eval_records, select_per_task  # noqa: E402
+from minimind_lib.inference import harness  # noqa: E402
 from minimind_lib.inference.loading import load_for_serving  # noqa: E402
 from minimind_lib.model.generation import generate_many  # noqa: E402
 from minimind_lib.tokenizer.chat import encode_chat  # noqa: E402

@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    models = (dict(m.split("=", 1) for m in args.models) if args.models else DEFAULT_MODELS)
+    models = (dict(m.rsplit("=", 1) for m in args.models) if args.models else DEFAULT_MODELS)
     pool = load_eval_records()
     records = select_per_task(pool, args.per_task)
     cols = [f"{fmt} {g}" for fmt in MC_FORMATS for g in ("skill", "knowledge", "all")]
@@ -76,13 +76,18 @@ def main() -> None:
         if not Path(path).exists():
             missing.append(f"{name} ({path})")
             continue
-        row = measure(Path(path), records, pool)
+        try:
+            row = measure(Path(path), records, pool)
+        except (OSError, ValueError) as e:  # an unfinished or foreign folder: say so, go on
+            missing.append(f"{name} ({path}: {e})")
+            continue
         cells = [f"{100 * row[c][0]:.1f} / {100 * row[c][1]:.1f}" for c in cols]
         print(f"| {name} | {row['params'] / 1e6:.2f}M | " + " | ".join(cells)
               + f" | {row['bpb']:.3f} | {row['seconds']:.0f} |", flush=True)
     print(f"\nchance: {100 * 0.25:.1f}% (4 choices)")
     if missing:
-        print("not found (not trained or not downloaded here): " + "; ".join(missing))
+        print("not measured (not trained, not downloaded or not loadable here): "
+              + "; ".join(missing))
 
 
 if __name__ == "__main__":

@@ -189,3 +189,7 @@ def test_bench_refuses_bad_input_in_one_line(setup, capsys, offline):
     assert "unknown lm-eval task(s): no_such_task" in capsys.readouterr().err
     assert main(["download", "model", "--tasks", "arc_easy"]) == 1
     assert "--tasks and --include_path go with `download bench`" in capsys.readouterr().err
+    assert main(["download", "bench", "--tasks", "no_such_task"]) == 1  # refused before fetching
+    assert "unknown lm-eval task(s): no_such_task" in capsys.readouterr().err
+    assert main(["bench", "--model", str(REFERENCE), "--limit", "0"]) == 1
+    assert "--limit must be positive" in capsys.readouterr().err

@@ -1,0 +1,235 @@
+"""The course in another language, kept in step with the English one by construction.
+
+Code cells are shared: a translated notebook is built from the English one, cell by cell; only
+its markdown cells come from the translation file ``notebooks/i18n/<lang>/NN_name.json``::
+
+    {"notebook": "05_sft.ipynb",
+     "cells": {"<cell id>": {"en_sha256": "<hash of the English text>",
+                             "en": "<the English text that was translated>",
+                             "zh": "<the translation>"}}}
+
+``build_notebook`` refuses to build when a markdown cell has no translation, or when its English
+text changed since it was translated (``TranslationDrift`` names the notebook, the cell and the
+first changed line): a translation never falls back to English, and never silently lags it.
+``scripts/build_i18n.py`` writes ``notebooks/<lang>/NN_name.ipynb``; ``tests/test_i18n.py``
+proves the committed ones equal a fresh build. ``same_facts`` compares the numbers, LaTeX
+spans and code spans of a text and its translation.
+
+The exercise helper (``course.exercises.exercise``) speaks ``language()``: ``$MINIMIND_LANG``,
+else the language of the notebook folder Jupyter started the kernel in (``notebooks/zh/``).
+
+>>> sha("a\\n")[:12]
+'87428fc52280'
+>>> first_changed_line("one\\ntwo\\nthree", "one\\n2\\nthree")
+(2, 'two', '2')
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from minimind_lib import REPO_ROOT
+
+NOTEBOOKS = REPO_ROOT / "notebooks"
+I18N_DIR = NOTEBOOKS / "i18n"
+LANGUAGES = ("zh",)
+LANG_ENV = "MINIMIND_LANG"
+
+
+class TranslationDrift(ValueError):
+    """A markdown cell without a translation, or whose English changed since."""
+
+
+def sha(text: str) -> str:
+    """The English text's fingerprint (SHA-256, hex)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def language() -> str:
+    """``"zh"`` in a Chinese notebook's kernel (started in ``notebooks/zh/``) or with
+    ``MINIMIND_LANG=zh``; else ``"en"``."""
+    chosen = os.environ.get(LANG_ENV, "").strip().lower()
+    if chosen:
+        return chosen if chosen in LANGUAGES else "en"
+    cwd = Path.cwd()
+    return cwd.name if cwd.name in LANGUAGES and cwd.parent.name == "notebooks" else "en"
+
+
+def first_changed_line(old: str, new: str) -> tuple[int, str, str]:
+    """(1-based line number, old line, new line) of the first difference of two texts."""
+    a, b = old.splitlines(), new.splitlines()
+    for k in range(max(len(a), len(b))):
+        x = a[k] if k < len(a) else "<end of text>"
+        y = b[k] if k < len(b) else "<end of text>"
+        if x != y:
+            return k + 1, x, y
+    return 0, "", ""
+
+
+def translation_path(notebook: str | Path, lang: str = "zh") -> Path:
+    return I18N_DIR / lang / (Path(notebook).stem + ".json")
+
+
+def read_translation(notebook: str | Path, lang: str = "zh") -> dict[str, dict]:
+    """Cell id -> {en_sha256, en, <lang>} of a notebook (an error names a missing file)."""
+    path = translation_path(notebook, lang)
+    if not path.is_file():
+        raise TranslationDrift(f"{Path(notebook).name}: no translation file {path}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data["cells"]
+
+
+def _source(cell: dict) -> str:
+    src = cell["source"]
+    return src if isinstance(src, str) else "".join(src)
+
+
+def check_cell(notebook: str, cell_id: str, english: str, entry: dict | None,
+               lang: str = "zh") -> str:
+    """The translation of one markdown cell, or ``TranslationDrift`` saying what is wrong."""
+    where = f"{notebook}, markdown cell {cell_id}"
+    if entry is None or not entry.get(lang, "").strip():
+        raise TranslationDrift(f"{where}: no {lang} translation (starts {english[:60]!r}); add "
+                               f"it to {translation_path(notebook, lang).relative_to(REPO_ROOT)}")
+    if entry.get("en_sha256") != sha(english):
+        line, old, new = first_changed_line(entry.get("en", ""), english)
+        raise TranslationDrift(f"{where}: the English text changed since it was translated "
+                               f"(first changed line {line}: was {old!r}, now {new!r}); update "
+                               f"its {lang} text, en and en_sha256 in "
+                               f"{translation_path(notebook, lang).relative_to(REPO_ROOT)}")
+    return entry[lang]
+
+
+def build_notebook(english_path: str | Path, lang: str = "zh") -> dict:
+    """The translated notebook: the English one with every markdown cell replaced by its
+    checked translation (image links re-pointed from ``figures/`` to ``../figures/``), code
+    cells untouched, outputs cleared."""
+    english_path = Path(english_path)
+    nb = json.loads(english_path.read_text(encoding="utf-8"))
+    cells = read_translation(english_path, lang)
+    ids = {c["id"] for c in nb["cells"] if c["cell_type"] == "markdown"}
+    stale = sorted(set(cells) - ids)
+    if stale:
+        raise TranslationDrift(f"{english_path.name}: translations of cells that are gone: "
+                               f"{', '.join(stale)} (remove them from "
+                               f"{translation_path(english_path, lang).relative_to(REPO_ROOT)})")
+    out = copy.deepcopy(nb)
+    for cell in out["cells"]:
+        if cell["cell_type"] == "markdown":
+            text = check_cell(english_path.name, cell["id"], _source(cell),
+                              cells.get(cell["id"]), lang)
+            text = text.replace("](figures/", "](../figures/")
+            cell["source"] = text.splitlines(True)
+        elif cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    out["metadata"] = {**out.get("metadata", {}), "language": lang}
+    return out
+
+
+def dumps(nb: dict) -> str:
+    """A notebook as the repository stores it."""
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+# --- numbers, formulas and code: the same in both languages ---------------------------------
+
+_LATEX = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
+_CODE = re.compile(r"`[^`\n]+`")
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+
+
+def facts(text: str) -> dict[str, set[str]]:
+    """The LaTeX spans, code spans and numbers (outside both) of a markdown text, as sets (a
+    translation may say a number once where the English repeats it).
+
+    >>> f = facts("loss $L = 2$ at `lr=3e-4`, 1,200 steps and 12.5%")
+    >>> sorted(f["latex"]), sorted(f["code"]), sorted(f["numbers"])
+    (['$L = 2$'], ['`lr=3e-4`'], ['1200', '12.5'])
+    """
+    latex = _LATEX.findall(text)
+    rest = _LATEX.sub(" ", text)
+    code = _CODE.findall(rest)
+    rest = _CODE.sub(" ", rest)
+    rest = re.sub(r"\]\([^)]*\)", "]", rest)  # a link's target is not a figure
+    numbers = [n.replace(",", "") for n in _NUMBER.findall(rest)]
+    return {"latex": set(latex), "code": set(code), "numbers": set(numbers)}
+
+
+def same_facts(english: str, translated: str) -> list[str]:
+    """What differs between the two texts' LaTeX, code spans and numbers (empty: the same)."""
+    a, b = facts(english), facts(translated)
+    problems = []
+    for kind in ("latex", "code", "numbers"):
+        missing, extra = a[kind] - b[kind], b[kind] - a[kind]
+        if missing:
+            problems.append(f"{kind} missing in the translation: {sorted(missing)}")
+        if extra:
+            problems.append(f"{kind} only in the translation: {sorted(extra)}")
+    return problems
+
+
+# --- README.<lang>.md: the README's opening, quick start, course table and hardware notes --
+
+#: the README parts a translated README mirrors: the opening (before the first "## "), then
+#: these sections by their heading
+README_SECTIONS = ("## Quick start", "## The course", "## Profiles and hardware")
+README_LINKS = {"zh": ("README.zh.md", "[中文版](README.zh.md)", "[English](README.md)")}
+
+
+def readme_parts(text: str) -> dict[str, str]:
+    """The opening and ``README_SECTIONS`` of a README, by heading (the opening: ``""``)."""
+    parts: dict[str, str] = {}
+    chunks = re.split(r"(?m)^(?=## )", text)
+    parts[""] = chunks[0]
+    for chunk in chunks[1:]:
+        heading = chunk.splitlines()[0].strip()
+        if heading in README_SECTIONS:
+            parts[heading] = chunk
+    missing = [h for h in README_SECTIONS if h not in parts]
+    if missing:
+        raise TranslationDrift(f"README.md: sections {missing} are gone; update "
+                               "minimind_lib/course/i18n.py README_SECTIONS")
+    return parts
+
+
+def readme_text(lang: str = "zh") -> str:
+    """``README.<lang>.md`` as built from the README's translated parts, each checked as a
+    notebook cell is."""
+    english = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    entries = read_translation("README", lang)
+    texts = [check_cell("README.md", heading or "(opening)", text, entries.get(heading), lang)
+             for heading, text in readme_parts(english).items()]
+    body = "\n".join(t.rstrip("\n") + "\n" for t in texts)
+    return f"{README_LINKS[lang][2]} · 中文\n\n{body}"
+
+
+def build_readme(lang: str = "zh") -> Path:
+    """Write ``README.<lang>.md`` (``readme_text``) and return its path."""
+    path = REPO_ROOT / README_LINKS[lang][0]
+    path.write_text(readme_text(lang), encoding="utf-8")
+    return path
+
+
+def readme_problems(lang: str = "zh") -> list[str]:
+    """Missing or drifted README translations, numbers that differ, a stale README.<lang>.md,
+    or a README that does not link to it."""
+    try:
+        english = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+        entries = read_translation("README", lang)
+        found = []
+        for heading, text in readme_parts(english).items():
+            translated = check_cell("README.md", heading or "(opening)", text,
+                                    entries.get(heading), lang)
+            found += [f"README.md, {heading or '(opening)'}: {p}"
+                      for p in same_facts(text, translated)]
+    except TranslationDrift as e:
+        return [str(e)]
+    name, link, _ = README_LINKS[lang]
+    if link not in english:
+        found.append(f"README.md does not link to {name} ({link})")
+    return found

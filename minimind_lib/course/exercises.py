@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minimind_lib.course import i18n
 from minimind_lib.course.exercises_agent import NOTEBOOK_15
 from minimind_lib.course.exercises_bench import NOTEBOOK_17
 from minimind_lib.course.exercises_distill import NOTEBOOK_16
@@ -88,17 +89,23 @@ def check(exercise_id: str) -> Callable[[Callable[[object], None]], Callable[[ob
 
 def exercise(exercise_id: str, answer: object) -> bool:
     """Check a student's ``answer`` to exercise ``exercise_id``: True when right; False (and a
-    note) while it is still the stub; an ``AssertionError`` saying what is wrong otherwise."""
+    note) while it is still the stub; an ``AssertionError`` saying what is wrong otherwise. It
+    speaks the notebook's language (``i18n.language()``: English, or Chinese in
+    ``notebooks/zh/``); a check's own explanation stays in English."""
     if exercise_id not in CHECKS:
         raise KeyError(f"no exercise {exercise_id!r}; known: {', '.join(sorted(CHECKS))}")
+    words = i18n.exercise_words()
     try:
         CHECKS[exercise_id](answer)
     except NotImplementedError:
         notebook = exercise_id.split(".")[0]
-        print(f"exercise {exercise_id}: not done yet (a worked answer: "
-              f"notebooks/solutions/{notebook}_*.ipynb)")
+        print(words["stub"].format(id=exercise_id, notebook=notebook))
         return False
-    print(f"exercise {exercise_id}: correct")
+    except AssertionError as e:
+        if "wrong" not in words:
+            raise
+        raise AssertionError(words["wrong"].format(id=exercise_id, why=e)) from None
+    print(words["correct"].format(id=exercise_id))
     return True
 
 

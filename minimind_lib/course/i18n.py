@@ -60,6 +60,22 @@ def language() -> str:
     return cwd.name if cwd.name in LANGUAGES and cwd.parent.name == "notebooks" else "en"
 
 
+#: what the exercise helper says, per language ("wrong" wraps a check's English explanation)
+EXERCISE_WORDS = {
+    "en": {"stub": "exercise {id}: not done yet (a worked answer: "
+                   "notebooks/solutions/{notebook}_*.ipynb)",
+           "correct": "exercise {id}: correct"},
+    "zh": {"stub": "练习 {id}：还没有完成（参考答案：notebooks/solutions/{notebook}_*.ipynb）",
+           "correct": "练习 {id}：正确",
+           "wrong": "练习 {id}：还不对。检查的说明（英文）：{why}"},
+}
+
+
+def exercise_words() -> dict[str, str]:
+    """The exercise helper's sentences in ``language()``."""
+    return EXERCISE_WORDS.get(language(), EXERCISE_WORDS["en"])
+
+
 def first_changed_line(old: str, new: str) -> tuple[int, str, str]:
     """(1-based line number, old line, new line) of the first difference of two texts."""
     a, b = old.splitlines(), new.splitlines()
@@ -149,7 +165,7 @@ def facts(text: str) -> dict[str, set[str]]:
 
     >>> f = facts("loss $L = 2$ at `lr=3e-4`, 1,200 steps and 12.5%")
     >>> sorted(f["latex"]), sorted(f["code"]), sorted(f["numbers"])
-    (['$L = 2$'], ['`lr=3e-4`'], ['1200', '12.5'])
+    (['$L = 2$'], ['`lr=3e-4`'], ['12.5', '1200'])
     """
     latex = _LATEX.findall(text)
     rest = _LATEX.sub(" ", text)

@@ -17,8 +17,8 @@ TEST_THREADS ?= 1
 # notebook's cells run in order in one kernel). `make test TEST_JOBS=1` runs them in one process.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
-.PHONY: reference setup run test lint unit notebooks lab data data-full bench clean browser llama-cpp \
-	eval-harness
+.PHONY: reference setup run test lint unit notebooks lab lab-zh data data-full bench clean browser \
+	llama-cpp eval-harness
 
 setup: $(STAMP)
 
@@ -64,12 +64,19 @@ lint: setup
 unit: setup
 	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest tests -q -n $(TEST_JOBS)
 
+## notebooks: every English notebook and solution under nbval; of the Chinese twins (whose code
+## cells are the English ones, tests/test_i18n.py) the ones in ZH_NBVAL, run from notebooks/zh/
+ZH_NBVAL ?= notebooks/zh/00_setup_and_data.ipynb notebooks/zh/17_benchmarks.ipynb
 notebooks: setup
 	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke $(PY) -m pytest -q --nbval-lax --nbval-current-env \
-		-n $(TEST_JOBS) --dist loadfile notebooks/
+		-n $(TEST_JOBS) --dist loadfile notebooks/[0-9][0-9]_*.ipynb notebooks/solutions/ $(ZH_NBVAL)
 
+## lab: the course in JupyterLab; `make lab-zh` opens the Chinese edition (notebooks/zh/)
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
+
+lab-zh: setup
+	$(VENV)/bin/jupyter lab notebooks/zh/
 
 ## reference: rebuild data/reference/sft, the shipped cpu-profile chat model (pretrain + SFT in
 ## the cpu profile, ~45 min on 2 cores; reuses runs/cpu/ when it is up to date)

@@ -220,8 +220,7 @@ def readme_text(lang: str = "zh") -> str:
     entries = read_translation("README", lang)
     texts = [check_cell("README.md", heading or "(opening)", text, entries.get(heading), lang)
              for heading, text in readme_parts(english).items()]
-    body = "\n".join(t.rstrip("\n") + "\n" for t in texts)
-    return f"{README_LINKS[lang][2]} · 中文\n\n{body}"
+    return "\n".join(t.rstrip("\n") + "\n" for t in texts)
 
 
 def build_readme(lang: str = "zh") -> Path:

@@ -155,8 +155,8 @@ def dumps(nb: dict) -> str:
 # --- numbers, formulas and code: the same in both languages ---------------------------------
 
 _LATEX = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
-_CODE = re.compile(r"`[^`\n]+`")
-_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+_CODE = re.compile(r"(`+)[\s\S]+?\1")  # `x`, ``x``, a fenced block; may wrap lines
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?")
 
 
 def facts(text: str) -> dict[str, set[str]]:
@@ -167,10 +167,10 @@ def facts(text: str) -> dict[str, set[str]]:
     >>> sorted(f["latex"]), sorted(f["code"]), sorted(f["numbers"])
     (['$L = 2$'], ['`lr=3e-4`'], ['12.5', '1200'])
     """
-    latex = _LATEX.findall(text)
-    rest = _LATEX.sub(" ", text)
-    code = _CODE.findall(rest)
-    rest = _CODE.sub(" ", rest)
+    code = [" ".join(m.group(0).split()) for m in _CODE.finditer(text)]  # wrapping aside
+    rest = _CODE.sub(" ", text)  # first: a `$VAR` in code is not LaTeX
+    latex = _LATEX.findall(rest)
+    rest = _LATEX.sub(" ", rest)
     rest = re.sub(r"\]\([^)]*\)", "]", rest)  # a link's target is not a figure
     numbers = [n.replace(",", "") for n in _NUMBER.findall(rest)]
     return {"latex": set(latex), "code": set(code), "numbers": set(numbers)}

@@ -3,7 +3,8 @@
     python scripts/build_i18n.py                 # notebooks/zh/*.ipynb (and README.zh.md)
     python scripts/build_i18n.py --check         # say what is missing or drifted, write nothing
     python scripts/build_i18n.py --skeleton NN   # add the untranslated cells of notebook NN to
-                                                 # notebooks/i18n/zh/NN_name.json (zh empty)
+                                                 # notebooks/i18n/zh/NN_name.json (zh empty);
+                                                 # solutions/NN for a worked answers notebook
 
 Every markdown cell needs a translation whose ``en_sha256`` matches today's English text
 (``minimind_lib.course.i18n``); the numbers, LaTeX and code spans of each pair must agree
@@ -19,9 +20,7 @@ from pathlib import Path
 
 from minimind_lib.course import i18n
 
-
-def english_notebooks() -> list[Path]:
-    return sorted(i18n.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+english_notebooks = i18n.english_notebooks
 
 
 def skeleton(prefix: str, lang: str) -> Path:
@@ -32,7 +31,8 @@ def skeleton(prefix: str, lang: str) -> Path:
         english = i18n.REPO_ROOT / "README.md"
         texts = i18n.readme_parts(english.read_text(encoding="utf-8"))
     else:
-        (english,) = [p for p in english_notebooks() if p.name.startswith(prefix)]
+        (english,) = [p for p in english_notebooks()
+                      if str(p.relative_to(i18n.NOTEBOOKS)).startswith(prefix)]
         nb = json.loads(english.read_text(encoding="utf-8"))
         texts = {c["id"]: "".join(c["source"]) for c in nb["cells"]
                  if c["cell_type"] == "markdown"}
@@ -64,7 +64,7 @@ def problems(lang: str) -> list[str]:
                 for p in i18n.same_facts("".join(en["source"]),
                                          "".join(tr["source"]).replace("](../figures/",
                                                                        "](figures/")):
-                    found.append(f"{english.name}, markdown cell {en['id']}: {p}")
+                    found.append(f"{i18n.label(english)}, markdown cell {en['id']}: {p}")
     found += i18n.readme_problems(lang)
     return found
 
@@ -83,8 +83,8 @@ def main() -> int:
         print("\n".join(found) or "every translation is present, current and faithful")
         return 1 if found else 0
     for english in english_notebooks():
-        out = i18n.NOTEBOOKS / args.lang / english.name
-        out.parent.mkdir(exist_ok=True)
+        out = i18n.twin_path(english, args.lang)
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(i18n.dumps(i18n.build_notebook(english, args.lang)), encoding="utf-8")
         print(out)
     readme = i18n.build_readme(args.lang)

@@ -14,12 +14,12 @@ from minimind_lib import REPO_ROOT
 from minimind_lib.course import i18n
 from minimind_lib.course.exercises import exercise
 
-ENGLISH = sorted(i18n.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+ENGLISH = i18n.english_notebooks()  # the course notebooks, then the worked answers
 
 
-@pytest.mark.parametrize("english", ENGLISH, ids=lambda p: p.stem)
+@pytest.mark.parametrize("english", ENGLISH, ids=i18n.label)
 def test_the_chinese_twin_is_a_fresh_build_with_the_same_code(english):
-    twin = i18n.NOTEBOOKS / "zh" / english.name
+    twin = i18n.twin_path(english)
     assert twin.is_file(), f"{twin} is missing: run `python scripts/build_i18n.py`"
     built = i18n.build_notebook(english)  # raises on a missing or drifted translation
     assert twin.read_text(encoding="utf-8") == i18n.dumps(built), (
@@ -93,6 +93,15 @@ def test_the_chinese_readme_is_built_current_and_linked_both_ways():
     assert "[中文版](README.zh.md)" in (REPO_ROOT / "README.md").read_text(encoding="utf-8")
 
 
+def test_every_notebook_has_a_twin_and_nothing_else_is_built():
+    english = {i18n.label(p) for p in ENGLISH}
+    assert len(english) == 2 * len(list(i18n.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
+    zh = i18n.NOTEBOOKS / "zh"
+    built = {str(p.relative_to(zh)) for p in zh.rglob("*.ipynb")
+             if ".ipynb_checkpoints" not in p.parts}
+    assert built == english
+
+
 def test_the_exercise_helper_speaks_the_notebooks_language(tmp_path, monkeypatch, capsys):
     def stub(*args):
         raise NotImplementedError
@@ -106,6 +115,9 @@ def test_the_exercise_helper_speaks_the_notebooks_language(tmp_path, monkeypatch
     assert "练习 17.2：还没有完成" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="练习 17.2：还不对"):
         exercise("17.2", lambda lls, choices: (0, 0))
+    (zh / "solutions").mkdir()
+    monkeypatch.chdir(zh / "solutions")
+    assert i18n.language() == "zh"
     monkeypatch.chdir(tmp_path)
     assert i18n.language() == "en"
     monkeypatch.setenv(i18n.LANG_ENV, "zh")

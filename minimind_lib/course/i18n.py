@@ -56,8 +56,10 @@ def language() -> str:
     chosen = os.environ.get(LANG_ENV, "").strip().lower()
     if chosen:
         return chosen if chosen in LANGUAGES else "en"
-    cwd = Path.cwd()
-    return cwd.name if cwd.name in LANGUAGES and cwd.parent.name == "notebooks" else "en"
+    parts = Path.cwd().parts
+    return next((b for a, b in zip(parts, parts[1:], strict=False)
+                 if a == "notebooks" and b in LANGUAGES),
+                "en")
 
 
 #: what the exercise helper says, per language ("wrong" wraps a check's English explanation)
@@ -65,7 +67,7 @@ EXERCISE_WORDS = {
     "en": {"stub": "exercise {id}: not done yet (a worked answer: "
                    "notebooks/solutions/{notebook}_*.ipynb)",
            "correct": "exercise {id}: correct"},
-    "zh": {"stub": "练习 {id}：还没有完成（参考答案：notebooks/solutions/{notebook}_*.ipynb）",
+    "zh": {"stub": "练习 {id}：还没有完成（参考答案：notebooks/zh/solutions/{notebook}_*.ipynb）",
            "correct": "练习 {id}：正确",
            "wrong": "练习 {id}：还不对。检查的说明（英文）：{why}"},
 }
@@ -88,14 +90,32 @@ def first_changed_line(old: str, new: str) -> tuple[int, str, str]:
 
 
 def translation_path(notebook: str | Path, lang: str = "zh") -> Path:
-    return I18N_DIR / lang / (Path(notebook).stem + ".json")
+    """``notebooks/i18n/<lang>/NN_name.json`` (``.../solutions/NN_name.json`` for a worked
+    answers notebook)."""
+    notebook = Path(notebook)
+    folder = I18N_DIR / lang / ("solutions" if notebook.parent.name == "solutions" else "")
+    return folder / (notebook.stem + ".json")
+
+
+def twin_path(english: str | Path, lang: str = "zh") -> Path:
+    """Where the translated notebook of ``english`` lives: ``notebooks/<lang>/`` (and its
+    ``solutions/``)."""
+    english = Path(english)
+    sub = "solutions" if english.parent.name == "solutions" else ""
+    return NOTEBOOKS / lang / sub / english.name
+
+
+def english_notebooks() -> list[Path]:
+    """The course notebooks and their worked answers, in English."""
+    return (sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+            + sorted((NOTEBOOKS / "solutions").glob("[0-9][0-9]_*.ipynb")))
 
 
 def read_translation(notebook: str | Path, lang: str = "zh") -> dict[str, dict]:
     """Cell id -> {en_sha256, en, <lang>} of a notebook (an error names a missing file)."""
     path = translation_path(notebook, lang)
     if not path.is_file():
-        raise TranslationDrift(f"{Path(notebook).name}: no translation file {path}")
+        raise TranslationDrift(f"{label(Path(notebook))}: no translation file {path}")
     data = json.loads(path.read_text(encoding="utf-8"))
     return data["cells"]
 
@@ -126,18 +146,19 @@ def build_notebook(english_path: str | Path, lang: str = "zh") -> dict:
     checked translation (image links re-pointed from ``figures/`` to ``../figures/``), code
     cells untouched, outputs cleared."""
     english_path = Path(english_path)
+    name = label(english_path)
     nb = json.loads(english_path.read_text(encoding="utf-8"))
     cells = read_translation(english_path, lang)
     ids = {c["id"] for c in nb["cells"] if c["cell_type"] == "markdown"}
     stale = sorted(set(cells) - ids)
     if stale:
-        raise TranslationDrift(f"{english_path.name}: translations of cells that are gone: "
+        raise TranslationDrift(f"{name}: translations of cells that are gone: "
                                f"{', '.join(stale)} (remove them from "
                                f"{translation_path(english_path, lang).relative_to(REPO_ROOT)})")
     out = copy.deepcopy(nb)
     for cell in out["cells"]:
         if cell["cell_type"] == "markdown":
-            text = check_cell(english_path.name, cell["id"], _source(cell),
+            text = check_cell(name, cell["id"], _source(cell),
                               cells.get(cell["id"]), lang)
             text = text.replace("](figures/", "](../figures/")
             cell["source"] = text.splitlines(True)
@@ -147,6 +168,11 @@ def build_notebook(english_path: str | Path, lang: str = "zh") -> dict:
     return out
 
 
+def label(path: Path) -> str:
+    """``05_sft.ipynb``, ``solutions/05_sft.ipynb``: how messages name a notebook."""
+    return f"solutions/{path.name}" if path.parent.name == "solutions" else path.name
+
+
 def dumps(nb: dict) -> str:
     """A notebook as the repository stores it."""
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
@@ -154,7 +180,7 @@ def dumps(nb: dict) -> str:
 
 # --- numbers, formulas and code: the same in both languages ---------------------------------
 
-_LATEX = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
+_LATEX = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)  # inline math may wrap a line too
 _CODE = re.compile(r"(`+)[\s\S]+?\1")  # `x`, ``x``, a fenced block; may wrap lines
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?")
 
@@ -169,7 +195,7 @@ def facts(text: str) -> dict[str, set[str]]:
     """
     code = [" ".join(m.group(0).split()) for m in _CODE.finditer(text)]  # wrapping aside
     rest = _CODE.sub(" ", text)  # first: a `$VAR` in code is not LaTeX
-    latex = _LATEX.findall(rest)
+    latex = [" ".join(m.split()) for m in _LATEX.findall(rest)]
     rest = _LATEX.sub(" ", rest)
     rest = re.sub(r"\]\([^)]*\)", "]", rest)  # a link's target is not a figure
     numbers = [n.replace(",", "") for n in _NUMBER.findall(rest)]

@@ -43,14 +43,16 @@ TEXTS = ["The river runs past the mill and on to the sea.",
          "床前明月光，疑是地上霜。举头望明月，低头思故乡。" * 3,
          "A longer text, " + "word after word " * 60 + "until it ends."]
 
-MC_YAML = """task: course_mc
+#: a local task over a jsonl file (lm-eval reads it with the datasets library's json builder)
+TASK_HEAD = """task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {data}
   cache_dir: {cache}
 test_split: test
-output_type: multiple_choice
+"""
+MC_YAML = TASK_HEAD + """output_type: multiple_choice
 doc_to_text: context
 doc_to_choice: choices
 doc_to_target: gold
@@ -59,14 +61,7 @@ metric_list:
   - metric: acc
   - metric: acc_norm
 """
-ROLLING_YAML = """task: course_text
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-  cache_dir: {cache}
-test_split: test
-output_type: loglikelihood_rolling
+ROLLING_YAML = TASK_HEAD + """output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: "{{{{text}}}}"
 metric_list:
@@ -89,8 +84,8 @@ def setup(tmp_path_factory):
     with open(root / "text.jsonl", "w", encoding="utf-8") as f:
         for text in TEXTS:
             f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    for name, yaml in (("mc", MC_YAML), ("text", ROLLING_YAML)):
-        (root / f"{name}.yaml").write_text(yaml.format(data=root / f"{name}.jsonl",
+    for name, task, yaml in (("mc", "course_mc", MC_YAML), ("text", "course_text", ROLLING_YAML)):
+        (root / f"{name}.yaml").write_text(yaml.format(task=task, data=root / f"{name}.jsonl",
                                                        cache=root / "cache"))
     lm = harness.MiniMindLM(model=model, tokenizer=tok, batch_size=7)
     results = harness.run_tasks(lm, ["course_mc", "course_text"], include_path=str(root))

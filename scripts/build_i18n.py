@@ -61,9 +61,7 @@ def problems(lang: str) -> list[str]:
         source = json.loads(english.read_text(encoding="utf-8"))["cells"]
         for en, tr in zip(source, built["cells"], strict=True):
             if en["cell_type"] == "markdown":
-                for p in i18n.same_facts("".join(en["source"]),
-                                         "".join(tr["source"]).replace("](../figures/",
-                                                                       "](figures/")):
+                for p in i18n.same_facts("".join(en["source"]), "".join(tr["source"])):
                     found.append(f"{i18n.label(english)}, markdown cell {en['id']}: {p}")
     found += i18n.readme_problems(lang)
     return found

@@ -143,8 +143,8 @@ def check_cell(notebook: str, cell_id: str, english: str, entry: dict | None,
 
 def build_notebook(english_path: str | Path, lang: str = "zh") -> dict:
     """The translated notebook: the English one with every markdown cell replaced by its
-    checked translation (image links re-pointed from ``figures/`` to ``../figures/``), code
-    cells untouched, outputs cleared."""
+    checked translation (image links re-pointed from ``figures/x.svg`` to the translated
+    diagram, ``../figures/<lang>/x.svg``), code cells untouched, outputs cleared."""
     english_path = Path(english_path)
     name = label(english_path)
     nb = json.loads(english_path.read_text(encoding="utf-8"))
@@ -160,7 +160,7 @@ def build_notebook(english_path: str | Path, lang: str = "zh") -> dict:
         if cell["cell_type"] == "markdown":
             text = check_cell(name, cell["id"], _source(cell),
                               cells.get(cell["id"]), lang)
-            text = text.replace("](figures/", "](../figures/")
+            text = text.replace("](figures/", f"](../figures/{lang}/")  # its diagrams
             cell["source"] = text.splitlines(True)
         elif cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None

@@ -18,7 +18,7 @@ TEST_THREADS ?= 1
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: reference setup run test lint unit notebooks lab lab-zh data data-full bench clean browser \
-	llama-cpp eval-harness
+	cjk-font llama-cpp eval-harness
 
 setup: $(STAMP)
 
@@ -33,20 +33,18 @@ run: setup
 	$(PY) -m minimind_lib all --profile $(PROFILE)
 
 ## test: ruff + unit/equivalence tests + every notebook under nbval with the smoke profile
-test: setup browser eval-harness lint unit notebooks
+test: setup browser cjk-font eval-harness lint unit notebooks
 
-## browser: Debian's chromium + chromium-driver for the chat page's browser test (apt-get, as
-## root or through sudo); where they cannot be installed the test skips and says so
+## browser: Debian's chromium + chromium-driver for the chat page's browser test; cjk-font:
+## a Chinese font (Debian's fonts-wqy-zenhei) so plots draw Chinese tokens. Both apt-get as root
+## or through sudo; where they cannot be installed, what needs them skips and says so
 browser:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null \
-		|| echo "warning: could not install chromium: the chat page's browser test will skip"; \
-	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
-		sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver >/dev/null \
-		|| echo "warning: could not install chromium: the chat page's browser test will skip"; \
-	else echo "warning: chromium/chromium-driver missing and no root to apt-get them: the chat \
-	page's browser test will skip"; fi
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		sh scripts/apt_install.sh "the chat page's browser test will skip" chromium chromium-driver
+
+cjk-font:
+	@fc-list :lang=zh 2>/dev/null | grep -q . || \
+		sh scripts/apt_install.sh "plots show Chinese tokens as #k" fonts-wqy-zenhei
 
 ## eval-harness: lm-evaluation-harness (the `[eval]` extra, ~25 s from PyPI) for `bench` and
 ## tests/test_harness.py; where it cannot be installed the test skips and says so

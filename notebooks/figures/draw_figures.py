@@ -1,5 +1,11 @@
 """Draw the course's concept diagrams: ``python notebooks/figures/draw_figures.py [NAME ...]``.
 
+``--lang zh`` draws the Chinese edition's into ``notebooks/figures/zh/``: every string a figure
+draws is replaced by its translation in ``notebooks/i18n/zh/figures.json`` (English -> Chinese;
+a string that stays as it is, a symbol or code, maps to itself). A string with letters and no
+entry stops the drawing, naming it, so a changed English label cannot slip through untranslated;
+``--lang zh --skeleton`` adds the missing strings with an empty translation.
+
 Each ``fig_*`` function below draws one diagram with matplotlib and is saved as
 ``notebooks/figures/<name>.svg`` (text kept as text, so any browser renders it, Chinese
 included, and GitHub and JupyterLab both show it from a notebook's markdown:
@@ -11,9 +17,12 @@ notebook shows exists and that this script draws exactly the files in this folde
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -21,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 # the SVGs keep text as text, rendered by the reader's browser: a glyph matplotlib's own font
@@ -1039,21 +1049,88 @@ def fig_vlm() -> plt.Figure:
 # ---------------------------------------------------------------------------------------------
 
 
-def draw(names: list[str], out_dir: Path = HERE) -> list[Path]:
-    """Draw the named figures (all when empty) into ``out_dir``; return the files written."""
+#: the Chinese edition's labels: English string -> Chinese
+LABELS = {"zh": HERE.parent / "i18n" / "zh" / "figures.json"}
+WORDS = re.compile(r"[A-Za-z]{2,}")  # a string with a word in it needs a translation
+
+
+@contextmanager
+def speaking(table: dict[str, str] | None, seen: set[str]) -> Iterator[None]:
+    """Every text a figure draws passes through ``Text.set_text``: record each string in
+    ``seen`` and, given a ``table``, draw its translation instead."""
+    original = Text.set_text
+
+    def set_text(self, s):
+        text = "" if s is None else str(s)
+        if text.strip():
+            seen.add(text)
+        original(self, table.get(text) or text if table is not None else s)
+
+    Text.set_text = set_text
+    try:
+        yield
+    finally:
+        Text.set_text = original
+
+
+def read_labels(lang: str) -> dict[str, str]:
+    path = LABELS[lang]
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def untranslated(seen: set[str], table: dict[str, str]) -> list[str]:
+    """The strings with a word in them that have no (non-empty) translation."""
+    return sorted(s for s in seen if WORDS.search(s) and not table.get(s, "").strip())
+
+
+def draw(names: list[str], out_dir: Path | None = None, lang: str = "en") -> list[Path]:
+    """Draw the named figures (all when empty) into ``out_dir`` (default: this folder, or its
+    ``<lang>/`` subfolder); return the files written. In another language every label must
+    have its translation (``SystemExit`` names the ones that do not)."""
     unknown = sorted(set(names) - set(FIGURES))
     if unknown:
         raise SystemExit(f"unknown figure(s): {', '.join(unknown)}; known: {', '.join(FIGURES)}")
-    written = []
-    for name in names or list(FIGURES):
-        fig = FIGURES[name]()
-        path = out_dir / f"{name}.svg"
-        fig.savefig(path, metadata={"Date": None, "Creator": None})
-        plt.close(fig)
-        written.append(path)
+    table = None if lang == "en" else read_labels(lang)
+    out_dir = out_dir or (HERE if lang == "en" else HERE / lang)
+    out_dir.mkdir(exist_ok=True)
+    written, seen = [], set()
+    with speaking(table, seen):
+        for name in names or list(FIGURES):
+            fig = FIGURES[name]()
+            path = out_dir / f"{name}.svg"
+            fig.savefig(path, metadata={"Date": None, "Creator": None})
+            plt.close(fig)
+            written.append(path)
+    missing = untranslated(seen, table) if table is not None else []
+    if missing:
+        raise SystemExit(f"{len(missing)} label(s) have no {lang} translation in "
+                         f"{LABELS[lang]}: {missing[:5]}... (python "
+                         f"notebooks/figures/draw_figures.py --lang {lang} --skeleton adds them)")
     return written
 
 
+def skeleton(lang: str) -> int:
+    """Add every untranslated label to the language's table, with an empty translation."""
+    seen: set[str] = set()
+    with speaking({}, seen):
+        for fn in FIGURES.values():
+            plt.close(fn())
+    table = read_labels(lang)
+    missing = untranslated(seen, table)
+    table.update({s: "" for s in missing})
+    LABELS[lang].write_text(json.dumps(dict(sorted(table.items())), indent=1,
+                                       ensure_ascii=False) + "\n", encoding="utf-8")
+    return len(missing)
+
+
 if __name__ == "__main__":
-    for p in draw(sys.argv[1:]):
+    args = sys.argv[1:]
+    lang = "en"
+    if "--lang" in args:
+        k = args.index("--lang")
+        lang, args = args[k + 1], args[:k] + args[k + 2:]
+    if "--skeleton" in args:
+        print(f"{skeleton(lang)} label(s) added to {LABELS[lang]}")
+        sys.exit(0)
+    for p in draw(args, lang=lang):
         print(p.relative_to(HERE.parent.parent))

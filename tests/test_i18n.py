@@ -7,6 +7,7 @@ README.zh.md is built the same way and the two READMEs link to each other."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -113,8 +114,9 @@ def test_the_exercise_helper_speaks_the_notebooks_language(tmp_path, monkeypatch
     assert i18n.language() == "zh"
     assert exercise("17.2", stub) is False
     assert "练习 17.2：还没有完成" in capsys.readouterr().out
-    with pytest.raises(AssertionError, match="练习 17.2：还不对"):
+    with pytest.raises(AssertionError, match="练习 17.2：还不对") as err:
         exercise("17.2", lambda lls, choices: (0, 0))
+    assert "raw pick" not in str(err.value)  # the check's explanation, in Chinese too
     (zh / "solutions").mkdir()
     monkeypatch.chdir(zh / "solutions")
     assert i18n.language() == "zh"
@@ -123,3 +125,34 @@ def test_the_exercise_helper_speaks_the_notebooks_language(tmp_path, monkeypatch
     monkeypatch.setenv(i18n.LANG_ENV, "zh")
     assert i18n.language() == "zh"
 
+
+
+def test_every_check_message_has_its_translation_with_the_same_fields():
+    """Each message a check can fail with (read from the source) has a Chinese template with the
+    same fields and numbers; a changed English message without its translation fails here."""
+    table = json.loads((i18n.I18N_DIR / "zh" / "exercise_messages.json").read_text(
+        encoding="utf-8"))
+    templates = i18n.message_templates()
+    assert sorted(table) == templates, (
+        f"untranslated: {sorted(set(templates) - set(table))[:3]}; "
+        f"gone: {sorted(set(table) - set(templates))[:3]}")
+    fields = re.compile(r"(?<!\{)\{\d+\}(?!\})")
+    for english, chinese in table.items():
+        assert chinese.strip(), f"no translation of {english!r}"
+        assert sorted(fields.findall(english)) == sorted(fields.findall(chinese)), english
+        assert chinese.format(*range(9)) and i18n.same_facts(
+            fields.sub(" ", english), fields.sub(" ", chinese)) == [], english
+
+
+def test_a_wrong_answer_is_explained_in_chinese(monkeypatch):
+    monkeypatch.setenv(i18n.LANG_ENV, "zh")
+    from test_exercises import WRONG
+
+    explained = 0
+    for exercise_id, answer in WRONG.items():
+        try:
+            exercise(exercise_id, answer)
+        except AssertionError as e:
+            assert str(e).startswith(f"练习 {exercise_id}：还不对。")
+            explained += "检查的说明" not in str(e)
+    assert explained >= 0.9 * len(WRONG), f"{explained} of {len(WRONG)} in Chinese"

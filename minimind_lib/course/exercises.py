@@ -91,7 +91,7 @@ def exercise(exercise_id: str, answer: object) -> bool:
     """Check a student's ``answer`` to exercise ``exercise_id``: True when right; False (and a
     note) while it is still the stub; an ``AssertionError`` saying what is wrong otherwise. It
     speaks the notebook's language (``i18n.language()``: English, or Chinese in
-    ``notebooks/zh/``); a check's own explanation stays in English."""
+    ``notebooks/zh/``), a check's explanation included (``i18n.translate_message``)."""
     if exercise_id not in CHECKS:
         raise KeyError(f"no exercise {exercise_id!r}; known: {', '.join(sorted(CHECKS))}")
     words = i18n.exercise_words()
@@ -104,7 +104,9 @@ def exercise(exercise_id: str, answer: object) -> bool:
     except AssertionError as e:
         if "wrong" not in words:
             raise
-        raise AssertionError(words["wrong"].format(id=exercise_id, why=e)) from None
+        translated = i18n.translate_message(str(e), i18n.language())
+        why = translated if translated is not None else words["as_is"].format(why=e)
+        raise AssertionError(words["wrong"].format(id=exercise_id, why=why)) from None
     print(words["correct"].format(id=exercise_id))
     return True
 

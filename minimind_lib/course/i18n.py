@@ -26,6 +26,7 @@ else the language of the notebook folder Jupyter started the kernel in (``notebo
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import json
@@ -69,7 +70,8 @@ EXERCISE_WORDS = {
            "correct": "exercise {id}: correct"},
     "zh": {"stub": "练习 {id}：还没有完成（参考答案：notebooks/zh/solutions/{notebook}_*.ipynb）",
            "correct": "练习 {id}：正确",
-           "wrong": "练习 {id}：还不对。检查的说明（英文）：{why}"},
+           "wrong": "练习 {id}：还不对。{why}",
+           "as_is": "检查的说明：{why}"},  # a message without a template (e.g. a bare value)
 }
 
 
@@ -274,3 +276,69 @@ def readme_problems(lang: str = "zh") -> list[str]:
     if link not in english:
         found.append(f"README.md does not link to {name} ({link})")
     return found
+
+
+# --- the exercise checks' messages -------------------------------------------------------------
+
+EXERCISE_MODULES = sorted((Path(__file__).parent).glob("exercises*.py"))
+_FIELD = re.compile(r"\{(\d+)\}")
+
+
+def _template(node: ast.expr) -> str | None:
+    """A message's text with ``{0}``, ``{1}``... where its f-string puts values (literal braces
+    doubled); None for a message that is not a string literal."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.replace("{", "{{").replace("}", "}}")
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts, k = [], 0
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(str(value.value).replace("{", "{{").replace("}", "}}"))
+        else:
+            parts.append(f"{{{k}}}")
+            k += 1
+    return "".join(parts)
+
+
+def message_templates() -> list[str]:
+    """Every message the exercise checks can fail with (``assert ..., msg`` and
+    ``raise AssertionError(msg)`` in ``course/exercises*.py``), as templates, sorted."""
+    found = set()
+    for path in EXERCISE_MODULES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            msg = None
+            if isinstance(node, ast.Assert):
+                msg = node.msg
+            elif (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                  and getattr(node.exc.func, "id", "") == "AssertionError" and node.exc.args):
+                msg = node.exc.args[0]
+            if msg is not None and (template := _template(msg)) is not None:
+                found.add(template)
+    return sorted(found)
+
+
+def _pattern(template: str) -> re.Pattern:
+    """The regular expression a template's messages match, one group per field."""
+    pieces = re.split(r"(\{\d+\})", template.replace("{{", "\0").replace("}}", "\1"))
+    return re.compile("".join(
+        "(.*?)" if _FIELD.fullmatch(p) else re.escape(p.replace("\0", "{").replace("\1", "}"))
+        for p in pieces), re.S)
+
+
+def translate_message(text: str, lang: str = "zh") -> str | None:
+    """A check's message in ``lang`` (its template's translation, the values put back), or
+    None when no template matches.
+
+    >>> translate_message("got 3, expected 4", "xx") is None
+    True
+    """
+    path = I18N_DIR / lang / "exercise_messages.json"
+    if not path.is_file():
+        return None
+    table = json.loads(path.read_text(encoding="utf-8"))
+    for template, translated in table.items():
+        match = _pattern(template).fullmatch(text)
+        if match and translated.strip():
+            return translated.format(*match.groups())
+    return None

@@ -15,8 +15,13 @@ first changed line): a translation never falls back to English, and never silent
 proves the committed ones equal a fresh build. ``same_facts`` compares the numbers, LaTeX
 spans and code spans of a text and its translation.
 
-The exercise helper (``course.exercises.exercise``) speaks ``language()``: ``$MINIMIND_LANG``,
-else the language of the notebook folder Jupyter started the kernel in (``notebooks/zh/``).
+The worked answers (``notebooks/solutions/``) have twins in ``notebooks/<lang>/solutions/``;
+the README's opening, quick start, course table and hardware notes become ``README.<lang>.md``
+the same way. The exercise helper (``course.exercises.exercise``) speaks ``language()``:
+``$MINIMIND_LANG``, else the language of the notebook folder Jupyter started the kernel in
+(``notebooks/zh/``), the checks' explanations included (``translate_message``: every message
+template in ``course/exercises*.py`` has its translation in ``exercise_messages.json``). The
+concept diagrams' labels live in ``figures.json`` (``notebooks/figures/draw_figures.py --lang``).
 
 >>> sha("a\\n")[:12]
 '87428fc52280'

@@ -28,6 +28,7 @@ from minimind_lib import DATA_DIR, REPO_ROOT
 from minimind_lib.evaluation.multiple_choice import MC_FORMATS, held_out_mc
 from minimind_lib.evaluation.perplexity import bits_per_byte
 from minimind_lib.evaluation.questions import eval_files, load_eval_records, select_per_task
+from minimind_lib.inference.loading import load_for_serving
 
 DEFAULT_MODELS = {
     **{f"smoke {s}": REPO_ROOT / "runs" / "smoke" / s for s in ("pretrain", "sft", "dpo")},
@@ -39,9 +40,7 @@ DEFAULT_MODELS = {
 
 
 def measure(path: Path, records: list[dict], pool: list[dict]) -> dict:
-    from minimind_lib.inference.harness import load_bench_model
-
-    model, tok = load_bench_model(path, "cpu")
+    model, tok = load_for_serving(path, "cpu")
     start = time.perf_counter()
     row = {"params": model.num_parameters()}
     for fmt in MC_FORMATS:
@@ -71,7 +70,7 @@ def main() -> None:
           "bits per byte of data/eval/pretrain_eval.jsonl (each text cut to 512 tokens)\n")
     print("| model | params | " + " | ".join(cols) + " | bits/byte | s |")
     print("|" + "---|" * (len(cols) + 4))
-    missing = []
+    missing, chance = [], None
     for name, path in models.items():
         if not Path(path).exists():
             missing.append(f"{name} ({path})")
@@ -82,9 +81,11 @@ def main() -> None:
             missing.append(f"{name} ({path}: {e})")
             continue
         cells = [f"{100 * row[c][0]:.1f} / {100 * row[c][1]:.1f}" for c in cols]
+        chance = row["chance"]  # the questions' (the same for every model)
         print(f"| {name} | {row['params'] / 1e6:.2f}M | " + " | ".join(cells)
               + f" | {row['bpb']:.3f} | {row['seconds']:.0f} |", flush=True)
-    print(f"\nchance: {100 * 0.25:.1f}% (4 choices)")
+    if chance is not None:
+        print(f"\nchance: {100 * chance:.1f}%")
     if missing:
         print("not measured (not trained, not downloaded or not loadable here): "
               + "; ".join(missing))

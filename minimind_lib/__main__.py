@@ -423,7 +423,7 @@ def task_list(text: str) -> list[str]:
 
 
 def harness_module():
-    """``evaluation.harness``, or a clear error when lm-eval is not installed."""
+    """``inference.harness``, or a clear error when lm-eval is not installed."""
     try:
         from minimind_lib.inference import harness
     except ImportError as e:

@@ -20,8 +20,6 @@ from pathlib import Path
 
 from minimind_lib.course import i18n
 
-english_notebooks = i18n.english_notebooks
-
 
 def skeleton(prefix: str, lang: str) -> Path:
     """Add every markdown cell of notebook ``prefix`` (or each README part, for ``README``)
@@ -31,7 +29,7 @@ def skeleton(prefix: str, lang: str) -> Path:
         english = i18n.REPO_ROOT / "README.md"
         texts = i18n.readme_parts(english.read_text(encoding="utf-8"))
     else:
-        (english,) = [p for p in english_notebooks()
+        (english,) = [p for p in i18n.english_notebooks()
                       if str(p.relative_to(i18n.NOTEBOOKS)).startswith(prefix)]
         nb = json.loads(english.read_text(encoding="utf-8"))
         texts = {c["id"]: "".join(c["source"]) for c in nb["cells"]
@@ -45,26 +43,14 @@ def skeleton(prefix: str, lang: str) -> Path:
             data["cells"][cell_id] = {"en_sha256": i18n.sha(text), "en": text,
                                       lang: entry.get(lang, "")}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(i18n.dumps(data), encoding="utf-8")
     return path
 
 
 def problems(lang: str) -> list[str]:
     """Every missing, drifted or unfaithful translation, one line each."""
-    found = []
-    for english in english_notebooks():
-        try:
-            built = i18n.build_notebook(english, lang)
-        except i18n.TranslationDrift as e:
-            found.append(str(e))
-            continue
-        source = json.loads(english.read_text(encoding="utf-8"))["cells"]
-        for en, tr in zip(source, built["cells"], strict=True):
-            if en["cell_type"] == "markdown":
-                for p in i18n.same_facts("".join(en["source"]), "".join(tr["source"])):
-                    found.append(f"{i18n.label(english)}, markdown cell {en['id']}: {p}")
-    found += i18n.readme_problems(lang)
-    return found
+    return ([p for english in i18n.english_notebooks()
+             for p in i18n.notebook_problems(english, lang)] + i18n.readme_problems(lang))
 
 
 def main() -> int:
@@ -80,7 +66,7 @@ def main() -> int:
         found = problems(args.lang)
         print("\n".join(found) or "every translation is present, current and faithful")
         return 1 if found else 0
-    for english in english_notebooks():
+    for english in i18n.english_notebooks():
         out = i18n.twin_path(english, args.lang)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(i18n.dumps(i18n.build_notebook(english, args.lang)), encoding="utf-8")

@@ -125,6 +125,25 @@ def test_save_pretrained_loads_with_auto_classes(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "tok"]
 
 
+def test_serving_loads_a_transformers_folder_as_it_loads_a_stage_folder(tmp_path):
+    """``loading.load_for_serving`` (serve, chat, bench) opens the transformers export of a
+    model and its stage folder to the same logits, each with the tokenizer beside it."""
+    from minimind_lib.inference.loading import load_for_serving
+    from minimind_lib.model.checkpoint import save_model
+
+    ours = make_model(CONFIGS["gqa-tied"])
+    write_tiny_tokenizer(tmp_path / "tok")
+    folder = save_pretrained(ours, tmp_path / "hf", tokenizer_dir=tmp_path / "tok")
+    save_model(ours, tmp_path / "stage")
+    (tmp_path / "stage" / "tokenizer.json").write_bytes((folder / "tokenizer.json").read_bytes())
+    ids = torch.randint(0, 300, (1, 12))
+    with torch.no_grad():
+        (hf, tok_hf), (stage, tok_stage) = (load_for_serving(d, "cpu")
+                                            for d in (folder, tmp_path / "stage"))
+        assert torch.equal(hf(ids).logits, stage(ids).logits)
+    assert len(tok_hf) == len(tok_stage) and not hf.training
+
+
 def test_save_pretrained_with_missing_tokenizer_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="lacks tokenizer.json, tokenizer_config.json"):
         save_pretrained(make_model(CONFIGS["gqa-tied"]), tmp_path / "hf",

@@ -94,7 +94,8 @@ def exercise(exercise_id: str, answer: object) -> bool:
     ``notebooks/zh/``), a check's explanation included (``i18n.translate_message``)."""
     if exercise_id not in CHECKS:
         raise KeyError(f"no exercise {exercise_id!r}; known: {', '.join(sorted(CHECKS))}")
-    words = i18n.exercise_words()
+    lang = i18n.language()
+    words = i18n.EXERCISE_WORDS[lang]
     try:
         CHECKS[exercise_id](answer)
     except NotImplementedError:
@@ -102,11 +103,10 @@ def exercise(exercise_id: str, answer: object) -> bool:
         print(words["stub"].format(id=exercise_id, notebook=notebook))
         return False
     except AssertionError as e:
-        if "wrong" not in words:
+        if lang == "en":
             raise
-        translated = i18n.translate_message(str(e), i18n.language())
-        why = translated if translated is not None else words["as_is"].format(why=e)
-        raise AssertionError(words["wrong"].format(id=exercise_id, why=why)) from None
+        raise AssertionError(words["wrong"].format(
+            id=exercise_id, why=i18n.explain(str(e), lang))) from None
     print(words["correct"].format(id=exercise_id))
     return True
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -68,7 +69,8 @@ def language() -> str:
                 "en")
 
 
-#: what the exercise helper says, per language ("wrong" wraps a check's English explanation)
+#: what the exercise helper says, per language ("wrong" wraps ``explain``'s message; English
+#: re-raises the check's own error)
 EXERCISE_WORDS = {
     "en": {"stub": "exercise {id}: not done yet (a worked answer: "
                    "notebooks/solutions/{notebook}_*.ipynb)",
@@ -78,11 +80,6 @@ EXERCISE_WORDS = {
            "wrong": "练习 {id}：还不对。{why}",
            "as_is": "检查的说明：{why}"},  # a message without a template (e.g. a bare value)
 }
-
-
-def exercise_words() -> dict[str, str]:
-    """The exercise helper's sentences in ``language()``."""
-    return EXERCISE_WORDS.get(language(), EXERCISE_WORDS["en"])
 
 
 def first_changed_line(old: str, new: str) -> tuple[int, str, str]:
@@ -96,20 +93,26 @@ def first_changed_line(old: str, new: str) -> tuple[int, str, str]:
     return 0, "", ""
 
 
+def _folder(notebook: str | Path) -> str:
+    """``"solutions"`` for a worked answers notebook, else ``""``."""
+    return "solutions" if Path(notebook).parent.name == "solutions" else ""
+
+
+def label(notebook: str | Path) -> str:
+    """``05_sft.ipynb``, ``solutions/05_sft.ipynb``: how messages name a notebook."""
+    return str(Path(_folder(notebook)) / Path(notebook).name)
+
+
 def translation_path(notebook: str | Path, lang: str = "zh") -> Path:
     """``notebooks/i18n/<lang>/NN_name.json`` (``.../solutions/NN_name.json`` for a worked
     answers notebook)."""
-    notebook = Path(notebook)
-    folder = I18N_DIR / lang / ("solutions" if notebook.parent.name == "solutions" else "")
-    return folder / (notebook.stem + ".json")
+    return I18N_DIR / lang / _folder(notebook) / (Path(notebook).stem + ".json")
 
 
 def twin_path(english: str | Path, lang: str = "zh") -> Path:
     """Where the translated notebook of ``english`` lives: ``notebooks/<lang>/`` (and its
     ``solutions/``)."""
-    english = Path(english)
-    sub = "solutions" if english.parent.name == "solutions" else ""
-    return NOTEBOOKS / lang / sub / english.name
+    return NOTEBOOKS / lang / label(english)
 
 
 def english_notebooks() -> list[Path]:
@@ -122,7 +125,7 @@ def read_translation(notebook: str | Path, lang: str = "zh") -> dict[str, dict]:
     """Cell id -> {en_sha256, en, <lang>} of a notebook (an error names a missing file)."""
     path = translation_path(notebook, lang)
     if not path.is_file():
-        raise TranslationDrift(f"{label(Path(notebook))}: no translation file {path}")
+        raise TranslationDrift(f"{label(notebook)}: no translation file {path}")
     data = json.loads(path.read_text(encoding="utf-8"))
     return data["cells"]
 
@@ -175,13 +178,22 @@ def build_notebook(english_path: str | Path, lang: str = "zh") -> dict:
     return out
 
 
-def label(path: Path) -> str:
-    """``05_sft.ipynb``, ``solutions/05_sft.ipynb``: how messages name a notebook."""
-    return f"solutions/{path.name}" if path.parent.name == "solutions" else path.name
+def notebook_problems(english_path: str | Path, lang: str = "zh") -> list[str]:
+    """What is wrong with a notebook's translation, one line each: missing or drifted cells
+    (the first one found), or the cells whose numbers, LaTeX or code differ (``same_facts``)."""
+    english_path = Path(english_path)
+    try:
+        built = build_notebook(english_path, lang)
+    except TranslationDrift as e:
+        return [str(e)]
+    source = json.loads(english_path.read_text(encoding="utf-8"))["cells"]
+    return [f"{label(english_path)}, markdown cell {en['id']}: {p}"
+            for en, tr in zip(source, built["cells"], strict=True) if en["cell_type"] == "markdown"
+            for p in same_facts(_source(en), _source(tr))]
 
 
 def dumps(nb: dict) -> str:
-    """A notebook as the repository stores it."""
+    """A notebook (or a translation file) as the repository stores it."""
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
@@ -246,14 +258,18 @@ def readme_parts(text: str) -> dict[str, str]:
     return parts
 
 
-def readme_text(lang: str = "zh") -> str:
-    """``README.<lang>.md`` as built from the README's translated parts, each checked as a
-    notebook cell is."""
+def _readme_pairs(lang: str) -> list[tuple[str, str, str]]:
+    """(part, English, checked translation) of each ``readme_parts`` part."""
     english = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     entries = read_translation("README", lang)
-    texts = [check_cell("README.md", heading or "(opening)", text, entries.get(heading), lang)
-             for heading, text in readme_parts(english).items()]
-    return "\n".join(t.rstrip("\n") + "\n" for t in texts)
+    return [(heading or "(opening)", text,
+             check_cell("README.md", heading or "(opening)", text, entries.get(heading), lang))
+            for heading, text in readme_parts(english).items()]
+
+
+def readme_text(lang: str = "zh") -> str:
+    """``README.<lang>.md`` as built from the README's translated parts."""
+    return "\n".join(t.rstrip("\n") + "\n" for _, _, t in _readme_pairs(lang))
 
 
 def build_readme(lang: str = "zh") -> Path:
@@ -267,18 +283,15 @@ def readme_problems(lang: str = "zh") -> list[str]:
     """Missing or drifted README translations, numbers that differ, a stale README.<lang>.md,
     or a README that does not link to it."""
     try:
-        english = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-        entries = read_translation("README", lang)
-        found = []
-        for heading, text in readme_parts(english).items():
-            translated = check_cell("README.md", heading or "(opening)", text,
-                                    entries.get(heading), lang)
-            found += [f"README.md, {heading or '(opening)'}: {p}"
-                      for p in same_facts(text, translated)]
+        pairs = _readme_pairs(lang)
     except TranslationDrift as e:
         return [str(e)]
+    found = [f"README.md, {part}: {p}" for part, en, tr in pairs for p in same_facts(en, tr)]
     name, link, _ = README_LINKS[lang]
-    if link not in english:
+    built = REPO_ROOT / name
+    if not built.is_file() or built.read_text(encoding="utf-8") != readme_text(lang):
+        found.append(f"{name} is not a fresh build: run `python scripts/build_i18n.py`")
+    if link not in (REPO_ROOT / "README.md").read_text(encoding="utf-8"):
         found.append(f"README.md does not link to {name} ({link})")
     return found
 
@@ -331,6 +344,14 @@ def _pattern(template: str) -> re.Pattern:
         for p in pieces), re.S)
 
 
+@functools.cache
+def _message_table(lang: str) -> tuple[tuple[re.Pattern, str], ...]:
+    """(pattern, translation) of every translated message template of ``lang``."""
+    path = I18N_DIR / lang / "exercise_messages.json"
+    table = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return tuple((_pattern(t), zh) for t, zh in table.items() if zh.strip())
+
+
 def translate_message(text: str, lang: str = "zh") -> str | None:
     """A check's message in ``lang`` (its template's translation, the values put back), or
     None when no template matches.
@@ -338,12 +359,15 @@ def translate_message(text: str, lang: str = "zh") -> str | None:
     >>> translate_message("got 3, expected 4", "xx") is None
     True
     """
-    path = I18N_DIR / lang / "exercise_messages.json"
-    if not path.is_file():
-        return None
-    table = json.loads(path.read_text(encoding="utf-8"))
-    for template, translated in table.items():
-        match = _pattern(template).fullmatch(text)
-        if match and translated.strip():
+    for pattern, translated in _message_table(lang):
+        if match := pattern.fullmatch(text):
             return translated.format(*match.groups())
     return None
+
+
+def explain(message: str, lang: str) -> str:
+    """A check's message as the exercise helper says it in ``lang``: translated, else (a bare
+    value, no template) framed as it is."""
+    translated = translate_message(message, lang)
+    return translated if translated is not None else EXERCISE_WORDS[lang]["as_is"].format(
+        why=message)

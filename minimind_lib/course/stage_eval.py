@@ -107,9 +107,10 @@ def rl_summary(rows: list[dict], evals: dict[str, ModelEval]) -> dict:
     {'first_fifth': 0.0, 'last_fifth': 1.0}
     """
     fifth = max(1, len(rows) // 5)
+    pooled = {n: summarize(e.tasks) for n, e in evals.items()}
     return {**training_summary(rows), "eval": EVAL_FILE,
             "reward": {"first_fifth": sum(r["reward"] for r in rows[:fifth]) / fifth,
                        "last_fifth": sum(r["reward"] for r in rows[-fifth:]) / fifth},
-            "exact_match": {n: summarize(e.tasks)["all"].exact_match for n, e in evals.items()},
-            "skill_exact_match": {n: summarize(e.tasks)["skill"].exact_match
-                                  for n, e in evals.items() if "skill" in summarize(e.tasks)}}
+            "exact_match": {n: p["all"].exact_match for n, p in pooled.items()},
+            "skill_exact_match": {n: p["skill"].exact_match for n, p in pooled.items()
+                                  if "skill" in p}}

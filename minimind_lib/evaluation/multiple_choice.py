@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minimind_lib.evaluation.questions import prompt_messages, reference
 from minimind_lib.tokenizer.bpe import BPETokenizer
-from minimind_lib.tokenizer.chat import apply_chat_template
+from minimind_lib.tokenizer.chat import apply_chat_template, template_of
 from minimind_lib.tokenizer.special import END_OF_TEXT
 
 
@@ -185,8 +186,6 @@ def held_out_items(records: Sequence[Mapping], *, pool: Sequence[Mapping] | None
     >>> item.context, sorted(item.choices), item.choices[item.gold]
     ('Question: 1+1?\\nAnswer: ', ['2', '4', '6'], '2')
     """
-    from minimind_lib.evaluation.questions import prompt_messages, reference
-
     if fmt not in MC_FORMATS:
         raise ValueError(f"fmt must be one of {MC_FORMATS}, got {fmt!r}")
     pools: dict[str, list[str]] = {}
@@ -214,12 +213,16 @@ def held_out_items(records: Sequence[Mapping], *, pool: Sequence[Mapping] | None
 def held_out_mc(model: nn.Module, tokenizer: BPETokenizer, records: Sequence[Mapping], *,
                 pool: Sequence[Mapping] | None = None, fmt: str = "plain",
                 batch_size: int = 32) -> dict[str, MCScores]:
-    """``acc`` / ``acc_norm`` / chance of ``held_out_items(records, pool=pool)`` per task, per
-    family (``"family:skill"``...) and over all (``"all"``), every choice scored once."""
-    from minimind_lib.tokenizer.chat import template_of
-
+    """``acc`` / ``acc_norm`` / chance of ``held_out_items(records, pool=pool)``, every choice
+    scored once, grouped by ``mc_by_group``."""
     items = held_out_items(records, pool=pool, fmt=fmt, template=template_of(tokenizer))
-    lls = choice_logprobs(model, tokenizer, items, batch_size)
+    return mc_by_group(records, items, choice_logprobs(model, tokenizer, items, batch_size))
+
+
+def mc_by_group(records: Sequence[Mapping], items: Sequence[MCItem],
+                lls: Sequence[Sequence[float]]) -> dict[str, MCScores]:
+    """``mc_metrics`` per task, per family (``"family:skill"``...) and over all (``"all"``) of
+    the items made from ``records`` and their choices' log-likelihoods ``lls``."""
     groups: dict[str, list[int]] = {}
     for k, r in enumerate(records):
         for name in (r["task"], f"family:{r.get('family', 'unknown')}", "all"):

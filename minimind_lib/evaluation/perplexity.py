@@ -61,12 +61,10 @@ def perplexity(model: nn.Module, tokenizer: BPETokenizer,
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
     if per_text:
-        texts = _texts(texts_or_path)
-        total = sum(text_logprobs(model, tokenizer, texts, seq_len, batch_size=batch_size))
-        count = sum(len(ids) for ids in tokenizer.encode_batch(texts, allowed_special=set()))
+        lls, count = _rolling(model, tokenizer, _texts(texts_or_path), seq_len, batch_size)
         if count == 0:
             raise ValueError("perplexity needs at least 1 token of text")
-        return math.exp(-total / count)
+        return math.exp(-sum(lls) / count)
     eos = tokenizer.token_to_id(END_OF_TEXT)
     encoded = tokenizer.encode_batch(_texts(texts_or_path), allowed_special=set())
     stream = [i for ids in encoded for i in ids + [eos]][:max_tokens]
@@ -118,13 +116,19 @@ def text_logprobs(model: nn.Module, tokenizer: BPETokenizer, texts: Sequence[str
     """The log-likelihood of each text on its own: every token predicted once, the first after
     ``<|endoftext|>``, in ``rolling_windows`` of ``seq_len`` (default: the model's context);
     special-token strings in a text are text. lm-eval's ``loglikelihood_rolling``."""
+    return _rolling(model, tokenizer, texts, seq_len, batch_size)[0]
+
+
+def _rolling(model: nn.Module, tokenizer: BPETokenizer, texts: Sequence[str],
+             seq_len: int | None, batch_size: int) -> tuple[list[float], int]:
+    """(``text_logprobs``, the number of tokens they predict)."""
     seq_len = seq_len or model.config.max_position_embeddings
     eos = tokenizer.token_to_id(END_OF_TEXT)
     encoded = tokenizer.encode_batch(list(texts), allowed_special=set())
     windows = [rolling_windows(ids, eos, seq_len) for ids in encoded]
     scores = iter(ll for ll, _ in continuation_logprobs(model, [w for ws in windows for w in ws],
                                                         batch_size))
-    return [sum(next(scores) for _ in ws) for ws in windows]
+    return [sum(next(scores) for _ in ws) for ws in windows], sum(map(len, encoded))
 
 
 def _texts(texts_or_path: Sequence[str] | str | Path) -> list[str]:

@@ -8,8 +8,8 @@ Importing this module registers the model ``"minimind"`` with ``lm_eval``; then:
                             tasks=["arc_easy"])
 
 or, from the shell, ``python -m minimind_lib bench --model runs/cpu/sft --tasks arc_easy``
-(``bench`` below). ``pretrained`` is anything ``load_bench_model`` opens: a stage folder, a
-``transformers`` folder (MiniMind's Qwen3 / Llama exports), a MiniMind ``.pth`` file.
+(``bench`` below). ``pretrained`` is anything ``loading.load_for_serving`` opens: a stage
+folder, a ``transformers`` folder (MiniMind's Qwen3 / Llama exports), a MiniMind ``.pth``.
 
 The three requests lm-eval makes, each on the course's own code:
 
@@ -28,9 +28,7 @@ the command that fetches the tasks' datasets into the Hugging Face cache.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
@@ -39,26 +37,11 @@ from torch import nn
 
 from minimind_lib.evaluation.multiple_choice import continuation_logprobs, encode_pair
 from minimind_lib.evaluation.perplexity import text_logprobs
-from minimind_lib.inference.loading import find_tokenizer, load_for_serving
+from minimind_lib.inference.loading import load_for_serving
 from minimind_lib.model.generation import generate_many
 from minimind_lib.tokenizer.bpe import BPETokenizer
 from minimind_lib.tokenizer.chat import apply_chat_template, template_of
 from minimind_lib.tokenizer.special import END_OF_TEXT, IM_END
-
-
-def load_bench_model(source: str | os.PathLike,
-                     device: str | None = None) -> tuple[nn.Module, BPETokenizer]:
-    """A model and its tokenizer from a stage folder (``loading.load_for_serving``) or any other
-    ``hf.load_pretrained`` source (a transformers folder, a ``.pth``; its tokenizer: the
-    folder's ``tokenizer.json``, else the course's)."""
-    from minimind_lib.core.device import pick_device
-    from minimind_lib.model.hf import load_pretrained
-
-    path = Path(source)
-    if (path / "stage.json").is_file():
-        return load_for_serving(path, device)
-    model = load_pretrained(path).to(device or pick_device())
-    return model.eval(), find_tokenizer(path if path.is_dir() else path.parent)
 
 
 def _positive(value: object, name: str) -> int:
@@ -73,7 +56,8 @@ def _positive(value: object, name: str) -> int:
 @register_model("minimind")
 class MiniMindLM(LM):
     """lm-eval's ``LM`` over a course model. ``pretrained``: a model folder or file (see
-    ``load_bench_model``), or pass ``model`` and ``tokenizer`` objects (tests, notebooks)."""
+    ``loading.load_for_serving``), or pass ``model`` and ``tokenizer`` objects (tests,
+    notebooks)."""
 
     def __init__(self, pretrained: str | None = None, *, model: nn.Module | None = None,
                  tokenizer: BPETokenizer | None = None, batch_size: int | str = 32,
@@ -83,7 +67,7 @@ class MiniMindLM(LM):
         if (pretrained is None) == (model is None):
             raise ValueError("minimind model: give pretrained=DIR or a model object, not both")
         if model is None:
-            model, tokenizer = load_bench_model(pretrained, device)
+            model, tokenizer = load_for_serving(pretrained, device)
         elif tokenizer is None:
             raise ValueError("minimind model: a model object needs its tokenizer")
         self.model, self.tok = model.eval(), tokenizer
@@ -91,7 +75,6 @@ class MiniMindLM(LM):
         self.max_gen_toks = _positive(max_gen_toks, "max_gen_toks")
         self.max_length = model.config.max_position_embeddings
         self.template = template_of(tokenizer)
-        self._name = str(pretrained or type(model).__name__)
 
     # -- scoring ------------------------------------------------------------------------------
 
@@ -179,21 +162,25 @@ PUBLISHED = {
 }
 
 
-def fetch_tasks(tasks: Sequence[str], include_path: str | None = None) -> None:
-    """Build each task once, which makes ``datasets`` fetch its data into the Hugging Face
-    cache: ``python -m minimind_lib download bench``, the one command that downloads them."""
-    from lm_eval.tasks import TaskManager, get_task_dict
+def task_manager(tasks: Sequence[str], include_path: str | None = None):
+    """lm-eval's ``TaskManager`` (with the local YAML tasks of ``include_path``), after checking
+    that it knows every one of ``tasks``."""
+    from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
-    _check_known(manager, tasks)
-    get_task_dict(list(tasks), manager)
-
-
-def _check_known(manager, tasks: Sequence[str]) -> None:
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with "
                          "`lm_eval ls tasks`; a local YAML task needs --include_path DIR)")
+    return manager
+
+
+def fetch_tasks(tasks: Sequence[str], include_path: str | None = None) -> None:
+    """Build each task once, which makes ``datasets`` fetch its data into the Hugging Face
+    cache: ``python -m minimind_lib download bench``, the one command that downloads them."""
+    from lm_eval.tasks import get_task_dict
+
+    get_task_dict(list(tasks), task_manager(tasks, include_path))
 
 
 def run_tasks(lm: LM, tasks: Sequence[str], *, include_path: str | None = None,
@@ -201,11 +188,9 @@ def run_tasks(lm: LM, tasks: Sequence[str], *, include_path: str | None = None,
               num_fewshot: int | None = None) -> dict:
     """``lm_eval.simple_evaluate`` on ``lm``: lm-eval's results dict."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
-    _check_known(manager, tasks)
-    return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+    return simple_evaluate(model=lm, tasks=list(tasks),
+                           task_manager=task_manager(tasks, include_path), limit=limit,
                            apply_chat_template=apply_chat_template, num_fewshot=num_fewshot,
                            log_samples=False, bootstrap_iters=0)
 
@@ -213,9 +198,10 @@ def run_tasks(lm: LM, tasks: Sequence[str], *, include_path: str | None = None,
 def summary_rows(results: Mapping, tasks: Sequence[str]) -> list[dict]:
     """One row per requested task (a group's aggregate for groups such as ``cmmlu``): every
     accuracy / perplexity metric lm-eval reported, ``acc`` first."""
+    reported = {**results.get("results", {}), **results.get("groups", {})}
     rows = []
     for task in tasks:
-        found = {**results.get("results", {}), **results.get("groups", {})}.get(task, {})
+        found = reported.get(task, {})
         metrics = {k.split(",")[0]: v for k, v in found.items()
                    if "," in k and not k.split(",")[0].endswith("_stderr")
                    and isinstance(v, int | float)}

@@ -432,6 +432,13 @@ _MOE_KEYS = ("use_moe", "n_routed_experts", "num_experts_per_tok", "n_shared_exp
              "scoring_func", "aux_loss_alpha", "seq_aux", "norm_topk_prob")
 
 
+def is_transformers_folder(path: str | os.PathLike) -> bool:
+    """A folder whose ``config.json`` names a ``model_type`` (a ``transformers`` export: ours,
+    MiniMind's Llama / Qwen3 / ``minimind`` ones), not one of the course's stage folders."""
+    config = Path(path) / CONFIG_FILE
+    return config.is_file() and "model_type" in read_json(config)
+
+
 def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForCausalLM:
     """A ``MiniMindForCausalLM`` from any of the places MiniMind weights live:
 
@@ -451,7 +458,7 @@ def load_pretrained(source: str | os.PathLike, **config: object) -> MiniMindForC
     """
     path = Path(source)
     if path.is_dir():
-        if (path / CONFIG_FILE).is_file() and "model_type" not in read_json(path / CONFIG_FILE):
+        if (path / CONFIG_FILE).is_file() and not is_transformers_folder(path):
             from minimind_lib.model.checkpoint import load_model
 
             return load_model(path)

@@ -18,14 +18,22 @@ TEST_THREADS ?= 1
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: reference setup run test lint unit notebooks lab lab-zh data data-full bench clean browser \
-	cjk-font llama-cpp eval-harness
+	cjk-font llama-cpp eval-harness lock test-latest
+
+# The versions the course was tested with: every install goes through the lock (a pip constraints
+# file made by `uv pip compile --universal`: Linux, macOS and Windows, CPU or CUDA torch). Only
+# what a target needs is installed; the lock only fixes which version. `make lock` refreshes it.
+LOCK := constraints.txt
+PIP  := $(PY) -m pip install -q -c $(LOCK)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The package is installed without build isolation: setuptools comes from the lock too, and pip
+# does not build a throwaway environment for it on every install.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,serve]'
+	$(PIP) pip setuptools
+	$(PIP) --no-build-isolation -e '.[dev,serve]'
 	@touch $(STAMP)
 
 ## run: the course's main job on the bundled data (tokenizer -> pretrain -> SFT -> DPO -> quantise)
@@ -49,12 +57,37 @@ cjk-font:
 ## eval-harness: lm-evaluation-harness (the `[eval]` extra, ~25 s from PyPI) for `bench` and
 ## tests/test_harness.py; where it cannot be installed the test skips and says so
 eval-harness: setup
-	@$(PY) -c "import lm_eval" 2>/dev/null || $(PY) -m pip install -q -e '.[eval]' \
+	@$(PY) -c "import lm_eval" 2>/dev/null || $(PIP) --no-build-isolation -e '.[eval]' \
 		|| echo "warning: could not install lm-eval: tests/test_harness.py will skip"
+
+## lock: refresh constraints.txt to the newest versions pyproject.toml allows (Python 3.11+, every
+## platform), install them and rerun `make test`; read what drifted before you commit the lock
+UV_VERSION := 0.13.10
+lock: setup
+	$(PIP) uv
+	printf 'pip\nsetuptools>=77\nuv==$(UV_VERSION)\n' | $(VENV)/bin/uv pip compile pyproject.toml - \
+		--extra dev --extra serve --extra eval --extra export --universal --python-version 3.11 \
+		--fork-strategy fewest --upgrade --no-header --quiet --output-file $(LOCK).new
+	{ sed -n '1,/^$$/p' $(LOCK); cat $(LOCK).new; } > $(LOCK).tmp && rm $(LOCK).new && mv $(LOCK).tmp $(LOCK)
+	$(PIP) --no-build-isolation -e '.[dev,serve,eval]'
+	@touch $(STAMP)
+	$(MAKE) test
+
+## test-latest (not in CI): the newest release of every dependency pyproject.toml allows, in
+## .venv-latest, through the unit tests and every notebook; prints each quoted figure that left
+## its range, and each one that moved from the locked run in runs/quoted_spread (if there is one)
+test-latest:
+	@test -x .venv-latest/bin/python || $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager pip setuptools
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev,serve,eval]'
+	.venv-latest/bin/python scripts/lock_drift.py
+	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke .venv-latest/bin/python -m pytest tests -q -n $(TEST_JOBS)
+	.venv-latest/bin/python benchmarks/quoted_spread.py --configs base --out runs/latest \
+		--baseline runs/quoted_spread
 
 ## llama-cpp: llama-cpp-python (compiles llama.cpp: ~10 min on 2 cores) for tests/test_llama_cpp.py
 llama-cpp: setup
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q 'llama-cpp-python>=0.3'
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) 'llama-cpp-python>=0.3'
 
 lint: setup
 	$(VENV)/bin/ruff check minimind_lib tests scripts benchmarks

@@ -29,7 +29,7 @@ def _environment_requirements() -> dict[str, str]:
     lines = (REPO_ROOT / "environment.yml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
     reqs = [line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")]
-    reqs = [r for r in reqs if not r.startswith("-e ")]
+    reqs = [r for r in reqs if not r.startswith(("-e ", "-c "))]
     return {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower(): r.replace(" ", "") for r in reqs}
 
 

@@ -71,9 +71,23 @@ def pick_device(name: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+#: ``0`` trains as on a CPU without native bf16 (fp32), ``1`` as on one with it; unset: detected
+CPU_BF16_ENV = "MINIMIND_CPU_BF16"
+
+
 @lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
-    """True when the CPU executes bf16 matrix math natively (AVX512-BF16 or AMX-BF16)."""
+    """True when the CPU executes bf16 matrix math natively (AVX512-BF16 or AMX-BF16).
+
+    ``$MINIMIND_CPU_BF16`` (``0`` or ``1``) replaces the detection, so a machine with bf16 can
+    run a notebook as a laptop without it does (``benchmarks/quoted_spread.py`` uses it).
+    """
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"${CPU_BF16_ENV} is {forced!r}; set it to 0 (no native bf16: fp32) "
+                             "or 1 (native bf16), or unset it to detect the CPU")
+        return forced == "1"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = f.read()

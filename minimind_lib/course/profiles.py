@@ -67,6 +67,7 @@ PROFILE_NAMES = ("smoke", "cpu", "gpu", "full", "minimind3", "auto")
 MAX_EVAL_PER_TASK = 10**6
 ENV_VAR = "MINIMIND_PROFILE"
 DATA_ENV_VAR = "MINIMIND_DATA_DIR"
+SEED_ENV_VAR = "MINIMIND_SEED"
 
 
 @dataclass(frozen=True)
@@ -338,9 +339,17 @@ def resolve_profile_name(name: str | None = None) -> str:
 def get_profile(name: str | None = None, **overrides) -> Profile:
     """The ``Profile`` called ``name`` (default: ``$MINIMIND_PROFILE``, else "auto").
 
-    Keyword ``overrides`` replace top-level fields (``get_profile("smoke", seed=1)``).
+    Keyword ``overrides`` replace top-level fields (``get_profile("smoke", seed=1)``);
+    ``$MINIMIND_SEED`` sets the seed of every stage and notebook run (``--set seed=N`` for one
+    run), so a figure can be checked over several seeds (``benchmarks/quoted_spread.py``).
     """
     profile = _BUILDERS[resolve_profile_name(name)]()
+    seed = os.environ.get(SEED_ENV_VAR, "").strip()
+    if seed:
+        try:
+            profile = override(profile, {"seed": seed})
+        except ValueError as err:
+            raise ValueError(f"${SEED_ENV_VAR}: {err}") from None
     return replace(profile, **overrides) if overrides else profile
 
 

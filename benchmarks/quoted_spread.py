@@ -24,6 +24,8 @@ Configurations (``--configs``; each in its own fresh ``$MINIMIND_RUNS_DIR``):
     python benchmarks/quoted_spread.py                      # every notebook, every config
     python benchmarks/quoted_spread.py --notebooks 05 06 --configs base,fp32
     python benchmarks/quoted_spread.py --report runs/quoted_spread   # the table again
+    python benchmarks/quoted_spread.py --configs base --out runs/latest \
+        --baseline runs/quoted_spread      # what moved since an earlier run (make test-latest)
 
 When you change a quoted range (or the code behind it), run this on the notebooks it touches
 and keep every range at least as wide as the spread it prints. A smoke figure whose spread is
@@ -154,10 +156,9 @@ def suggest(low: float, high: float, bounds: list) -> str:
     return f"{fmt.format(lo)} - {fmt.format(hi)}"
 
 
-def report(out: Path) -> int:
-    """Print the spread of every recorded figure; return how many ranges are too tight."""
-    seen: dict[tuple[str, str], dict] = {}
-    failures = []
+def collect(out: Path) -> dict[tuple[str, str, str], dict]:
+    """``{(notebook, figure, quoted text): {"range": ..., "values": {config: [values]}}}``."""
+    seen: dict[tuple[str, str, str], dict] = {}
     for config_dir in sorted((out / "records").glob("*")):
         for record in sorted(config_dir.glob("*.jsonl")):
             for line in record.read_text().splitlines():
@@ -165,6 +166,31 @@ def report(out: Path) -> int:
                 key = (record.stem, r["name"], r["text"])
                 entry = seen.setdefault(key, {"range": r["range"], "values": {}})
                 entry["values"].setdefault(config_dir.name, []).extend(r["values"])
+    return seen
+
+
+def moved(seen: dict, baseline: dict) -> list[str]:
+    """Each figure whose value differs from the baseline run's ``base`` configuration."""
+    lines = []
+    for key, entry in sorted(seen.items()):
+        before = baseline.get(key, {}).get("values", {}).get("base")
+        now = entry["values"].get("base")
+        if before is None or now is None:
+            continue
+        if len(before) != len(now) or any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+                                          for a, b in zip(before, now, strict=False)):
+            fmt = _fmt(entry["range"])
+            lines.append(f"{key[0]:<24} {key[1][:48]:<48} "
+                         f"{', '.join(fmt.format(v) for v in before[:4])} -> "
+                         f"{', '.join(fmt.format(v) for v in now[:4])}")
+    return lines
+
+
+def report(out: Path, baseline: Path | None = None) -> int:
+    """Print the spread of every recorded figure (and, given an earlier run's folder, each
+    figure that moved from its ``base`` values); return how many ranges are too tight."""
+    seen = collect(out)
+    failures = []
     for log in sorted((out / "logs").glob("*/*.log")):
         text = log.read_text(errors="replace")
         last = text.strip().splitlines()[-1:] or [""]
@@ -192,6 +218,11 @@ def report(out: Path) -> int:
         print("notebook runs with failing cells (read their logs):")
         for f in failures:
             print("  " + f)
+    if baseline is not None:
+        changes = moved(seen, collect(baseline))
+        print(f"\n{len(changes)} figures moved from {baseline} (config base):")
+        for line in changes:
+            print("  " + line)
     (out / "spread.json").write_text(json.dumps(
         [{"notebook": nb, "figure": name, "quoted": text, "seen": span, "configs": n,
           "verdict": verdict} for nb, name, text, span, n, verdict in rows], indent=1))
@@ -207,9 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", type=Path, metavar="DIR",
                         help="print the table of an earlier run's folder and exit")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="an earlier run's folder (e.g. with the locked versions): also "
+                             "print each figure of config base that moved from it")
     args = parser.parse_args(argv)
+    if args.baseline is not None and not (args.baseline / "records").is_dir():
+        print(f"note: no earlier run in {args.baseline}; figures are not compared with one")
+        args.baseline = None
     if args.report:
-        return 1 if report(args.report) else 0
+        return 1 if report(args.report, args.baseline) else 0
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -221,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(jobs)} notebook runs ({len(notebooks)} notebooks x {len(names)} configs) "
           f"on {args.cores} cores into {out}", flush=True)
     run_all(jobs, args.cores)
-    return 1 if report(out) else 0
+    return 1 if report(out, args.baseline) else 0
 
 
 if __name__ == "__main__":

@@ -165,3 +165,17 @@ def test_spread_report_flags_a_range_some_config_left(tmp_path, capsys):
     assert "1 ranges too tight" in out
     rows = json.loads((tmp_path / "spread.json").read_text())
     assert {r["figure"]: bool(r["verdict"]) for r in rows} == {"ppl": True, "rate": False}
+
+
+def test_spread_names_what_moved_from_a_baseline(tmp_path):
+    spread = _spread_module()
+    for run, value in (("before", 3.02), ("after", 3.10)):
+        folder = tmp_path / run / "records" / "base"
+        folder.mkdir(parents=True)
+        (folder / "04_pretraining.jsonl").write_text(
+            json.dumps({"name": "loss", "range": [2.0, 3.5, "{:.2f}"], "text": "2.00-3.50",
+                        "values": [value]}) + "\n"
+            + json.dumps({"name": "steps", "range": [80, 80, "{:,}"], "text": "80",
+                          "values": [80]}) + "\n")
+    (line,) = spread.moved(spread.collect(tmp_path / "after"), spread.collect(tmp_path / "before"))
+    assert line.startswith("04_pretraining") and "loss" in line and line.endswith("3.02 -> 3.10")

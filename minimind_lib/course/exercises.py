@@ -333,7 +333,7 @@ def _lr_linear(answer: Callable) -> None:
 def _smallest_safe_scale(answer: Callable) -> None:
 
     def survives(x: float) -> bool:
-        return torch.tensor(x).half().item() != 0
+        return torch.as_tensor(x, dtype=torch.float32).half().item() != 0
 
     for g in (1e-3, 1e-8, 3e-9, 1e-10):
         s = answer(g)

@@ -114,8 +114,9 @@ class Job:
 
 
 def run_all(jobs: list[Job], cores: int) -> None:
-    """Run the jobs, as many at once as their threads fit in ``cores``; a config's jobs go in
-    notebook order so the stages they share are trained once (``pipeline.ensure``)."""
+    """Run the jobs, as many at once as their threads fit in ``cores``. Jobs of one config share
+    its runs folder: a stage two notebooks need is trained once (``pipeline.ensure`` holds a
+    lock per stage, so the second waits and reuses it)."""
     waiting, running = list(jobs), []
     while waiting or running:
         busy = sum(job.config.threads for job, _, _ in running)
@@ -170,10 +171,12 @@ def collect(out: Path) -> dict[tuple[str, str, str], dict]:
 
 
 def moved(seen: dict, baseline: dict) -> list[str]:
-    """Each figure whose value differs from the baseline run's ``base`` configuration."""
+    """Each figure whose value differs from the baseline run's ``base`` configuration, matched by
+    notebook and name (so a figure whose quoted range was changed since is compared too)."""
+    earlier = {(nb, name): entry for (nb, name, _text), entry in baseline.items()}
     lines = []
     for key, entry in sorted(seen.items()):
-        before = baseline.get(key, {}).get("values", {}).get("base")
+        before = earlier.get(key[:2], {}).get("values", {}).get("base")
         now = entry["values"].get("base")
         if before is None or now is None:
             continue

@@ -17,7 +17,13 @@ from packaging.version import Version
 
 from minimind_lib import REPO_ROOT
 from minimind_lib.core import device
-from minimind_lib.core.environment import LOCK_FILE, lock_drift, parse_lock, same_release
+from minimind_lib.core.environment import (
+    LOCK_FILE,
+    lock_drift,
+    lock_pins,
+    parse_lock,
+    same_release,
+)
 from minimind_lib.course.profiles import get_profile
 from minimind_lib.course.quoted import check_quoted
 
@@ -29,12 +35,10 @@ def _project() -> dict:
 
 
 def _all_pins() -> dict[str, list[str]]:
-    """Every ``name==version`` of the lock, whatever its marker (a name may fork by platform)."""
+    """Every version the lock pins each name at, whatever its marker (a name may fork)."""
     pins: dict[str, list[str]] = {}
-    for line in LOCK_FILE.read_text().splitlines():
-        m = re.match(r"^([A-Za-z0-9][\w.-]*)==(\S+?)\s*(;.*)?$", line)
-        if m:
-            pins.setdefault(canonicalize_name(m[1]), []).append(m[2])
+    for name, version, _marker in lock_pins(LOCK_FILE.read_text()):
+        pins.setdefault(name, []).append(version)
     return pins
 
 
@@ -80,6 +84,7 @@ def test_parse_lock_keeps_the_pins_whose_marker_holds():
             "-e .\n# numpy==1.0 in a comment\n")
     pins = parse_lock(text)
     assert pins["numpy"] == "2.4.6" and pins["overrides"] == "7.7.0"
+    assert ("pywinpty", "3.1.2", "os_name == 'nt'") in lock_pins(text)   # every platform's pins
     assert ("pywinpty" in pins) == (os.name == "nt")
 
 
@@ -179,3 +184,14 @@ def test_spread_names_what_moved_from_a_baseline(tmp_path):
                           "values": [80]}) + "\n")
     (line,) = spread.moved(spread.collect(tmp_path / "after"), spread.collect(tmp_path / "before"))
     assert line.startswith("04_pretraining") and "loss" in line and line.endswith("3.02 -> 3.10")
+
+
+def test_spread_compares_a_figure_whose_quoted_range_changed(tmp_path):
+    spread = _spread_module()
+    for run, text, value in (("before", "2.00-3.50", 3.02), ("after", "1.90-3.60", 3.10)):
+        folder = tmp_path / run / "records" / "base"
+        folder.mkdir(parents=True)
+        record = {"name": "loss", "range": [2.0, 3.5, "{:.2f}"], "text": text, "values": [value]}
+        (folder / "04_pretraining.jsonl").write_text(json.dumps(record) + "\n")
+    (line,) = spread.moved(spread.collect(tmp_path / "after"), spread.collect(tmp_path / "before"))
+    assert line.endswith("3.02 -> 3.10")

@@ -42,18 +42,22 @@ class Drift:
     locked: str
 
 
-def parse_lock(text: str) -> dict[str, str]:
-    """``{canonical name: version}`` of the lock's pins whose marker holds on this interpreter."""
-    pins = {}
+def lock_pins(text: str) -> list[tuple[str, str, str]]:
+    """Every pin of the lock as ``(canonical name, version, marker or "")``, on every platform
+    (a name appears once per platform fork)."""
+    pins = []
     for line in text.splitlines():
         match = _PIN.match(line.strip())
-        if match is None:
-            continue
-        name, version, marker = match.groups()
-        if marker and not Marker(marker.strip()).evaluate():
-            continue
-        pins[canonicalize_name(name)] = version
+        if match is not None:
+            name, version, marker = match.groups()
+            pins.append((canonicalize_name(name), version, (marker or "").strip()))
     return pins
+
+
+def parse_lock(text: str) -> dict[str, str]:
+    """``{canonical name: version}`` of the lock's pins whose marker holds on this interpreter."""
+    return {name: version for name, version, marker in lock_pins(text)
+            if not marker or Marker(marker).evaluate()}
 
 
 def same_release(installed: str, locked: str) -> bool:

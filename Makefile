@@ -33,7 +33,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) pip setuptools
-	$(PIP) --no-build-isolation -e '.[dev,serve]'
+	$(PIP) --no-build-isolation -e '.[dev,serve,structured]'
 	@touch $(STAMP)
 
 ## run: the course's main job on the bundled data (tokenizer -> pretrain -> SFT -> DPO -> quantise)
@@ -66,10 +66,10 @@ UV_VERSION := 0.13.10
 lock: setup
 	$(PIP) uv
 	printf 'pip\nsetuptools>=77\nuv==$(UV_VERSION)\n' | $(VENV)/bin/uv pip compile pyproject.toml - \
-		--extra dev --extra serve --extra eval --extra export --universal --python-version 3.11 \
+		--extra dev --extra serve --extra eval --extra export --extra structured --universal --python-version 3.11 \
 		--fork-strategy fewest --upgrade --no-header --quiet --output-file $(LOCK).new
 	{ sed -n '1,/^$$/p' $(LOCK); cat $(LOCK).new; } > $(LOCK).tmp && rm $(LOCK).new && mv $(LOCK).tmp $(LOCK)
-	$(PIP) --no-build-isolation -e '.[dev,serve,eval]'
+	$(PIP) --no-build-isolation -e '.[dev,serve,structured,eval]'
 	@touch $(STAMP)
 	$(MAKE) test
 
@@ -79,7 +79,7 @@ lock: setup
 test-latest:
 	@test -x .venv-latest/bin/python || $(PYTHON) -m venv .venv-latest
 	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager pip setuptools
-	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev,serve,eval]'
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev,serve,structured,eval]'
 	.venv-latest/bin/python scripts/lock_drift.py
 	OMP_NUM_THREADS=$(TEST_THREADS) MINIMIND_PROFILE=smoke .venv-latest/bin/python -m pytest tests -q -n $(TEST_JOBS)
 	.venv-latest/bin/python benchmarks/quoted_spread.py --configs base --out runs/latest \

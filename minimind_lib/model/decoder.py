@@ -319,6 +319,7 @@ class MiniMindForCausalLM(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         attention_mask: Tensor | None = None,
+        constraints: object = None,
     ) -> Iterator[Tensor]:
         """Yield the next token of every row, (B,) per step; arguments as in ``generate``.
 
@@ -327,7 +328,7 @@ class MiniMindForCausalLM(nn.Module):
         are no longer computed). The loop is ``model.generation.decode_stream``.
         """
         yield from decode_stream(self, input_ids, max_new_tokens, temperature, top_k, top_p,
-                                 eos_token_id, use_cache, generator, attention_mask)
+                                 eos_token_id, use_cache, generator, attention_mask, constraints)
 
     def generate(
         self,
@@ -340,6 +341,7 @@ class MiniMindForCausalLM(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         attention_mask: Tensor | None = None,
+        constraints: object = None,
     ) -> Tensor:
         """Autoregressive decoding: returns (B, T + new) = prompt + generated tokens.
 
@@ -353,7 +355,8 @@ class MiniMindForCausalLM(nn.Module):
         the padding (transformers' convention; ``model.generation.left_pad`` builds both): each
         row's answer is the one its prompt gets alone. Generation stops early once every row
         has emitted one of the ``eos_token_id`` ids; rows that finished first are filled with
-        the first of them.  Call ``model.eval()`` first if dropout > 0.
+        the first of them.  Call ``model.eval()`` first if dropout > 0. ``constraints``: a
+        grammar every row follows, or one per row (``inference.structured.constrain``).
 
         >>> _ = torch.manual_seed(0)
         >>> model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=16,
@@ -366,7 +369,7 @@ class MiniMindForCausalLM(nn.Module):
         True
         """
         new = list(self.stream(input_ids, max_new_tokens, temperature, top_k, top_p,
-                               eos_token_id, use_cache, generator, attention_mask))
+                               eos_token_id, use_cache, generator, attention_mask, constraints))
         if not new:
             return input_ids
         return torch.cat((input_ids, torch.stack(new, dim=1)), dim=1)  # (B, T + new)

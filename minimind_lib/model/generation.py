@@ -26,6 +26,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -131,11 +132,35 @@ def _last_logits(model: nn.Module, rows: Sequence[Tensor]) -> Tensor:
     return model.lm_head(last).float()
 
 
+class TokenConstraint(Protocol):
+    """What a row's constraint does while it decodes (``inference.structured.GrammarState``
+    is one): ``mask`` says which next tokens are allowed, ``advance`` takes the one chosen."""
+
+    def mask(self, device: torch.device | str | None = None) -> Tensor: ...  # (V,) bool
+
+    def advance(self, token_id: int) -> None: ...
+
+
+def row_constraints(constraints: object, n: int) -> list[TokenConstraint | None]:
+    """One constraint per row: ``constraints`` is None, one grammar for every row (anything
+    with ``start()``, such as ``inference.structured.Constraint``), or a list of n (each None,
+    a grammar, or a row's own state)."""
+    if constraints is None:
+        return [None] * n
+    if hasattr(constraints, "start"):
+        return [constraints.start() for _ in range(n)]
+    constraints = list(constraints)
+    if len(constraints) != n:
+        raise ValueError(f"{len(constraints)} constraints for {n} prompts")
+    return [c.start() if hasattr(c, "start") else c for c in constraints]
+
+
 @dataclass(eq=False)
 class Row:
-    """One prompt being answered in a ``ContinuousBatch``: its budget, stop ids and sampling
-    settings; ``tokens`` grows by one per step (a stop id included) until ``finish_reason`` is
-    "stop", "length", or "cancelled" (set by whoever owns the row: a client that left)."""
+    """One prompt being answered in a ``ContinuousBatch``: its budget, stop ids, sampling
+    settings and optional ``constraint`` (a mask on each step's logits); ``tokens`` grows by
+    one per step (a stop id included) until ``finish_reason`` is "stop", "length", or
+    "cancelled" (set by whoever owns the row: a client that left)."""
 
     prompt: Tensor  # (T,) token ids
     max_new_tokens: int
@@ -146,6 +171,7 @@ class Row:
     generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    constraint: TokenConstraint | None = None  # a grammar the tokens must follow
 
     def sampling(self) -> tuple:
         return self.temperature, self.top_k, self.top_p, self.generator
@@ -214,6 +240,8 @@ class ContinuousBatch:
         emitted = list(zip(self.rows, self._pick(torch.cat(logits)).tolist(), strict=True))
         for row, token in emitted:
             row.tokens.append(token)
+            if row.constraint is not None:
+                row.constraint.advance(token)
             if token in row.stop_ids:
                 row.finish_reason = "stop"
             elif len(row.tokens) >= row.max_new_tokens:
@@ -245,7 +273,19 @@ class ContinuousBatch:
 
     def _pick(self, logits: Tensor) -> Tensor:
         """The next token of each row (B,) from ``logits`` (B, V): one call for all rows when they
-        share their sampling settings (and generator), else row by row."""
+        share their sampling settings (and generator), else row by row. A row with a
+        constraint samples among the tokens its grammar allows."""
+        constrained = [i for i, r in enumerate(self.rows) if r.constraint is not None]
+        if constrained:
+            allowed = torch.stack([self.rows[i].constraint.mask(logits.device)
+                                   for i in constrained])  # (C, V') over the tokenizer's ids
+            pad = logits.shape[-1] - allowed.shape[-1]  # a model's rows past the tokenizer's
+            if pad:
+                allowed = torch.nn.functional.pad(allowed, (0, pad))  # never allowed
+            if not bool(allowed.any(dim=-1).all()):
+                raise RuntimeError("a constraint allows no next token")
+            logits = logits.clone()
+            logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
         first = self.rows[0].sampling()
         if all(r.sampling() == first for r in self.rows):
             return sample_next_token(logits, *first)
@@ -269,7 +309,8 @@ def decode_stream(model: nn.Module, input_ids: Tensor, max_new_tokens: int,
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                   eos_token_id: int | Sequence[int] | None = None, use_cache: bool = True,
                   generator: torch.Generator | None = None,
-                  attention_mask: Tensor | None = None) -> Iterator[Tensor]:
+                  attention_mask: Tensor | None = None,
+                  constraints: object = None) -> Iterator[Tensor]:
     """``MiniMindForCausalLM.stream``: yield the next token of every row, (B,) per step.
 
     A row stops at any of the ``eos_token_id`` ids; afterwards it yields the first of them and
@@ -289,8 +330,9 @@ def decode_stream(model: nn.Module, input_ids: Tensor, max_new_tokens: int,
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [0])
     fill = ids[0]  # what a finished row yields
     batch = ContinuousBatch(model, longest + max_new_tokens, len(prompts), use_cache=use_cache)
-    rows = [batch.submit(Row(p, max_new_tokens, stops, temperature, top_k, top_p, generator))
-            for p in prompts]
+    rows = [batch.submit(Row(p, max_new_tokens, stops, temperature, top_k, top_p, generator,
+                             constraint=c))
+            for p, c in zip(prompts, row_constraints(constraints, len(prompts)), strict=True)]
     where = {id(row): i for i, row in enumerate(rows)}
     while batch.busy:
         token = torch.full((len(rows),), fill, dtype=torch.long, device=input_ids.device)
@@ -304,8 +346,12 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_to
                   eos_token_id: int | Sequence[int] | None = None, batch_size: int = 64,
                   temperature: float = 0.0, top_k: int | None = None,
                   top_p: float | None = None, generator: torch.Generator | None = None,
-                  progress: bool = False, desc: str = "generate") -> list[list[int]]:
+                  progress: bool = False, desc: str = "generate",
+                  constraints: object = None) -> list[list[int]]:
     """The new tokens of every prompt (a stop id, when one ended it, included), in prompt order.
+
+    ``constraints``: a grammar for every row (``inference.structured.constrain``) or one per
+    prompt (``row_constraints``); each row then samples only what its grammar allows.
 
     Up to ``batch_size`` rows decode at once; as rows finish, the next prompts take their
     places (``ContinuousBatch``; longest prompts first, so a prefill pads little). The model runs
@@ -334,7 +380,8 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_to
                             min_join=max(1, batch_size // 8))
     stops = stop_set(eos_token_id)
     rows = [Row(torch.as_tensor(list(p), dtype=torch.long), max_new_tokens, stops, temperature,
-                top_k, top_p, generator) for p in prompts]
+                top_k, top_p, generator, constraint=c)
+            for p, c in zip(prompts, row_constraints(constraints, len(prompts)), strict=True)]
     for i in sorted(range(len(rows)), key=lambda i: -len(prompts[i])):
         batch.submit(rows[i])
     bar = tqdm(total=len(rows), desc=desc, disable=not progress)

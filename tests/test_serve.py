@@ -249,8 +249,10 @@ FN = {"type": "function", "function": {"name": "f", "parameters": {}}}
      "functions", "deprecated function calling: send tools"),
     ("/v1/chat/completions", {"messages": user("hi"), "logprobs": True}, "logprobs",
      "does not support it"),
-    ("/v1/chat/completions", {"messages": user("hi"), "tools": [FN], "tool_choice": "required"},
-     "tool_choice", "'required' is not supported"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tool_choice": "required"},
+     "tool_choice", "needs tools"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": [FN], "tool_choice": {
+        "type": "function", "function": "f"}}, "tool_choice", "must be"),
     ("/v1/chat/completions", {"messages": user("hi"), "tools": [FN], "tool_choice": {
         "type": "function", "function": {"name": "g"}}}, "tool_choice", "not among the tools"),
     ("/v1/chat/completions", {"messages": user("hi"), "tools": [{"type": "retrieval"}]},

@@ -151,10 +151,15 @@ def test_tool_choice_none_and_named(client, model):
 
 
 def test_bad_tool_requests_are_400s_naming_the_field(client):
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.BadRequestError) as e:  # required, with nothing to call
         client.chat.completions.create(model="scripted", messages=QUESTION,
-                                       tools=tool_schemas(), tool_choice="required")
+                                       tool_choice="required")
     assert e.value.body["param"] == "tool_choice"
+    for shape in ({"type": "function", "function": "calculate"}, [1], 5, True, "always"):
+        with pytest.raises(openai.BadRequestError) as e:  # was a 500 AttributeError
+            client.chat.completions.create(model="scripted", messages=QUESTION,
+                                           tools=tool_schemas(), tool_choice=shape)
+        assert e.value.body["param"] == "tool_choice", shape
     with pytest.raises(openai.BadRequestError) as e:  # arguments the template cannot write
         client.chat.completions.create(model="scripted", messages=[*QUESTION, {
             "role": "assistant", "content": None, "tool_calls": [{

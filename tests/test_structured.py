@@ -263,3 +263,25 @@ def test_the_mask_follows_the_grammar_not_the_logits():
     out = generate_many(model, [[1, 2]], 10, eos_token_id=STOPS,
                         constraints=constrain({"enum": ["yes", "no"]}, TOK))[0]
     assert _text(out) in ("\"yes\"", "\"no\"")
+
+
+@pytest.mark.parametrize("extra", [0, 1, 3, 9])
+def test_a_token_budget_cuts_a_reply_short_but_never_unfinished(extra):
+    """With ``max_new_tokens`` just above the fewest tokens the grammar needs, every output,
+    stopped or not, is complete JSON valid under the schema (the mask looks ahead)."""
+    model = _tiny_model(5, closing=False)  # an untrained model: it never wants to close
+    for schema in TOOL_PARAMETERS + SCHEMAS[:3]:
+        grammar = constrain(schema, TOK)
+        budget = grammar.index.min_tokens + extra
+        outs = generate_many(model, [[1, 5], [1, 9, 9]], budget, eos_token_id=STOPS,
+                             temperature=1.0, generator=torch.Generator().manual_seed(extra),
+                             constraints=grammar)
+        for tokens in outs:
+            assert len(tokens) <= budget
+            assert validate(json.loads(_text(tokens)), schema) == [], _text(tokens)
+
+
+def test_a_budget_below_the_grammars_minimum_is_refused():
+    grammar = constrain(TOOL_PARAMETERS[1], TOK)
+    with pytest.raises(ValueError, match="needs at least"):
+        generate_many(_tiny_model(), [[1, 5]], grammar.index.min_tokens - 1, constraints=grammar)

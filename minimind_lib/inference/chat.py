@@ -162,13 +162,14 @@ class TextStream(ReplyText):
     def __init__(self, model: nn.Module, tokenizer: BPETokenizer, prompt_ids: Sequence[int],
                  params: SamplingParams, stop: set[int] | None = None,
                  cancelled: Callable[[], bool] = lambda: False,
-                 pixel_values: torch.Tensor | None = None) -> None:
+                 pixel_values: torch.Tensor | None = None, constraint: object = None) -> None:
         check_budget(model, prompt_ids, params)
         super().__init__(tokenizer, stop)
         self.model, self.params = model, params
         self.prompt_ids = list(prompt_ids)
         self.cancelled = cancelled
         self.pixel_values = pixel_values  # a VLM's picture (vlm.VisionLanguageModel.stream)
+        self.constraint = constraint  # a grammar (inference.structured.constrain) to follow
 
     def __iter__(self) -> Iterator[str]:
         device = model_device(self.model)
@@ -177,6 +178,8 @@ class TextStream(ReplyText):
         self.model.eval()
         picture = ({} if self.pixel_values is None
                    else {"pixel_values": self.pixel_values.to(device)})
+        if self.constraint is not None:
+            picture["constraints"] = [self.constraint.start()]
         steps = self.model.stream(ids, p.max_new_tokens, p.temperature, p.top_k, p.top_p,
                                   generator=seeded_generator(p.seed, device), **picture)
         try:

@@ -136,7 +136,8 @@ class TokenConstraint(Protocol):
     """What a row's constraint does while it decodes (``inference.structured.GrammarState``
     is one): ``mask`` says which next tokens are allowed, ``advance`` takes the one chosen."""
 
-    def mask(self, device: torch.device | str | None = None) -> Tensor: ...  # (V,) bool
+    def mask(self, device: torch.device | str | None = None,
+             remaining: int | None = None) -> Tensor: ...  # (V,) bool; remaining: tokens left
 
     def advance(self, token_id: int) -> None: ...
 
@@ -203,6 +204,10 @@ class ContinuousBatch:
         """Queue ``row``; it joins at a coming ``step``."""
         if row.max_new_tokens < 1 or len(row.prompt) == 0:
             raise ValueError("a row needs a prompt and max_new_tokens >= 1")
+        need = getattr(row.constraint, "min_tokens", 0)
+        if need > row.max_new_tokens:
+            raise ValueError(f"the row's grammar needs at least {need} tokens; max_new_tokens "
+                             f"is {row.max_new_tokens}")
         if len(row.prompt) + row.max_new_tokens > self.capacity:
             raise ValueError(f"prompt ({len(row.prompt)}) + max_new_tokens "
                              f"({row.max_new_tokens}) exceeds the batch's capacity "
@@ -277,13 +282,15 @@ class ContinuousBatch:
         constraint samples among the tokens its grammar allows."""
         constrained = [i for i, r in enumerate(self.rows) if r.constraint is not None]
         if constrained:
-            allowed = torch.stack([self.rows[i].constraint.mask(logits.device)
-                                   for i in constrained])  # (C, V') over the tokenizer's ids
+            allowed = torch.stack([self.rows[i].constraint.mask(
+                logits.device, self.rows[i].max_new_tokens - len(self.rows[i].tokens))
+                for i in constrained])  # (C, V') over the tokenizer's ids
             pad = logits.shape[-1] - allowed.shape[-1]  # a model's rows past the tokenizer's
             if pad:
                 allowed = torch.nn.functional.pad(allowed, (0, pad))  # never allowed
             if not bool(allowed.any(dim=-1).all()):
-                raise RuntimeError("a constraint allows no next token")
+                raise ValueError("a constraint allows no next token (is max_new_tokens below "
+                                 "the fewest tokens the grammar needs?)")
             logits = logits.clone()
             logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
         first = self.rows[0].sampling()

@@ -105,6 +105,7 @@ from minimind_lib.inference.serve.schemas import (
     Message,
     ToolRunRequest,
 )
+from minimind_lib.inference.serve.structured_outputs import check_room, reply_constraint
 from minimind_lib.inference.serve.tool_calls import ReplySplitter, choose_tools
 from minimind_lib.model.decoder import MiniMindForCausalLM
 from minimind_lib.tokenizer.bpe import BPETokenizer
@@ -233,11 +234,12 @@ class ServerState:
         return params
 
     async def run(self, request: Request, prompt_ids: list[int], params: SamplingParams,
-                  stop: set[int], pixel_values: torch.Tensor | None = None) -> ReplyText:
+                  stop: set[int], pixel_values: torch.Tensor | None = None,
+                  constraint: object = None) -> ReplyText:
         """Generate to the end on the engine; the finished stream. A client that hangs up
         cancels the job (then the stream's ``finish_reason`` is "cancelled", or ``ClientGone``
         when it had not started)."""
-        job = self.engine.submit(prompt_ids, params, stop, pixel_values)
+        job = self.engine.submit(prompt_ids, params, stop, pixel_values, constraint)
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
         try:
             async for kind, value in self.engine.events(job):
@@ -523,7 +525,11 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
         raise BadRequest(str(e), "tool_choice") from None
     thinking = req.thinking()
     messages = [m.as_dict() for m in req.messages]
-    server.check_size([m["content"] for m in messages] + [json.dumps(offered)], "messages")
+    server.check_size([m["content"] for m in messages] + [json.dumps(offered),
+                                                          json.dumps(req.response_format)],
+                      "messages")
+    constraint = await reply_constraint(req, offered, thinking, server.tokenizer,
+                                        vision=server.vlm is not None)
     given = req.max_completion_tokens is not None
     max_new = req.max_completion_tokens if given else req.max_tokens
     param = "max_completion_tokens" if given else "max_tokens"
@@ -536,17 +542,18 @@ async def chat_completions(req: ChatRequest, request: Request) -> dict | Streami
     prompt_ids = await server.encode(messages=messages, image_turn=image_turn, tools=offered,
                                      open_thinking=thinking)
     params = server.fit(params, prompt_ids, "messages", max_new, param)
+    check_room(constraint, params.max_new_tokens, param)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": server.model_name}
     splitter = ReplySplitter({t["function"]["name"] for t in offered}, thinking)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        job = server.engine.submit(prompt_ids, params, server.chat_stop, pixels)
+        job = server.engine.submit(prompt_ids, params, server.chat_stop, pixels, constraint)
         return StreamingResponse(_sse(server.engine, job, head, len(prompt_ids), include_usage,
                                       splitter),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    result = await server.run(request, prompt_ids, params, server.chat_stop, pixels)
+    result = await server.run(request, prompt_ids, params, server.chat_stop, pixels, constraint)
     splitter.feed(result.text)
     splitter.finish()
     return {**head, "object": "chat.completion", "choices": [{

@@ -51,6 +51,7 @@ class _Job:
     stop: set[int]
     loop: asyncio.AbstractEventLoop
     pixel_values: torch.Tensor | None = None  # a picture for a VLM (1, 3, H, W)
+    constraint: object = None  # a grammar (inference.structured.Constraint) the reply follows
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -91,7 +92,8 @@ class Engine:
             return sum(not job.cancel.is_set() for job in self._waiting)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               stop: set[int], pixel_values: torch.Tensor | None = None) -> _Job:
+               stop: set[int], pixel_values: torch.Tensor | None = None,
+               constraint: object = None) -> _Job:
         """Queue a job; read its events with ``events(job)``."""
         waiting = self.waiting
         if waiting >= self.max_waiting:
@@ -102,7 +104,8 @@ class Engine:
                 self._thread = threading.Thread(target=work, name="minimind-generate",
                                                 daemon=True)
                 self._thread.start()
-            job = _Job(prompt_ids, params, stop, asyncio.get_running_loop(), pixel_values)
+            job = _Job(prompt_ids, params, stop, asyncio.get_running_loop(), pixel_values,
+                       constraint)
             self._waiting.append(job)
         self._jobs.put(job)
         return job
@@ -146,7 +149,7 @@ class Engine:
             try:
                 stream = TextStream(self.model, self.tokenizer, job.prompt_ids, job.params,
                                     job.stop, cancelled=job.cancel.is_set,
-                                    pixel_values=job.pixel_values)
+                                    pixel_values=job.pixel_values, constraint=job.constraint)
                 with torch.inference_mode():
                     for chunk in stream:
                         job.emit("text", chunk)
@@ -207,7 +210,9 @@ class Engine:
             check_budget(self.model, job.prompt_ids, p)
             row = batch.submit(Row(torch.tensor(job.prompt_ids), p.max_new_tokens,
                                    frozenset(job.stop), p.temperature, p.top_k, p.top_p,
-                                   seeded_generator(p.seed, model_device(self.model))))
+                                   seeded_generator(p.seed, model_device(self.model)),
+                                   constraint=(None if job.constraint is None
+                                               else job.constraint.start())))
         except Exception as e:
             job.emit("error", e)
             return

@@ -121,6 +121,7 @@ class FunctionSpec(Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     parameters: dict | None = None
+    strict: bool | None = None  # structured outputs: calls always follow ``parameters``
 
 
 class ToolSpec(Strict):
@@ -130,7 +131,9 @@ class ToolSpec(Strict):
     function: FunctionSpec
 
     def schema(self) -> dict:
-        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+        """As the prompt shows it (``strict`` is for the decoder, not the model)."""
+        return {"type": "function",
+                "function": self.function.model_dump(exclude_none=True, exclude={"strict"})}
 
 
 class TemplateKwargs(Strict):
@@ -163,15 +166,15 @@ class ChatRequest(Strict):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     tools: list[ToolSpec] | None = Field(None, max_length=64)
-    tool_choice: str | dict | None = None  # auto | none | {"type": "function", ...}
+    tool_choice: object = None  # auto | none | required | {"type": "function", ...}
     parallel_tool_calls: bool | None = None
+    response_format: object = None  # text | json_object | json_schema (structured_outputs)
     chat_template_kwargs: TemplateKwargs | None = None
     open_thinking: bool | None = None  # MiniMind's own server reads this one
     # the legacy function-calling fields and sampling features this server does not have:
     # read only to be refused by name when set, not ignored in silence
     functions: list | None = None
     function_call: object = None
-    response_format: object = None
     logprobs: object = None
     top_logprobs: object = None
     logit_bias: object = None
@@ -183,7 +186,7 @@ class ChatRequest(Strict):
 
     def unsupported(self) -> str | None:
         """The first field set that this server cannot honour (None: all can be)."""
-        inactive = {"response_format": [{"type": "text"}], "logprobs": [False],
+        inactive = {"logprobs": [False],
                     "logit_bias": [{}], "presence_penalty": [0, 0.0],
                     "frequency_penalty": [0, 0.0], "modalities": [["text"]]}
         for name in ("functions", "function_call", *inactive, "top_logprobs", "audio",

@@ -27,22 +27,36 @@ from minimind_lib.tools.calls import MAX_CALLS, parse_tool_calls
 
 
 def choose_tools(tools: Sequence[dict] | None, tool_choice: object) -> list[dict]:
-    """The schemas the prompt offers: all of ``tools`` (``auto``, or no choice), none
-    (``"none"``), or the one a named choice picks; ``ValueError`` naming the problem."""
+    """The schemas the prompt offers: all of ``tools`` (``auto``, ``required``, or no choice),
+    none (``"none"``), or the one a named choice picks; ``ValueError`` naming the problem
+    (a choice of the wrong shape, a name not offered, ``required`` without tools).
+
+    >>> tools = [{"type": "function", "function": {"name": "calculate"}}]
+    >>> [t["function"]["name"] for t in choose_tools(tools, {"type": "function",
+    ...                                                      "function": {"name": "calculate"}})]
+    ['calculate']
+
+    A choice of the wrong shape (OpenAI's form wants an object under "function"):
+
+    >>> choose_tools(tools, {"type": "function", "function": "calculate"})
+    Traceback (most recent call last):
+    ValueError: tool_choice must be "auto", "none", "required" or {"type": "function", ...
+    """
     tools = list(tools or [])
     if tool_choice in (None, "auto"):
         return tools
     if tool_choice == "none":
         return []
     if tool_choice == "required":
-        raise ValueError("tool_choice 'required' is not supported (a small model cannot be "
-                         "made to call); use 'auto', 'none' or a named function")
-    name = None
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name")
-    if not isinstance(name, str):
-        raise ValueError("tool_choice must be 'auto', 'none' or {\"type\": \"function\", "
-                         "\"function\": {\"name\": ...}}")
+        if not tools:
+            raise ValueError("tool_choice \"required\" needs tools")
+        return tools
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if (not isinstance(tool_choice, dict) or tool_choice.get("type") != "function"
+            or not isinstance(name, str)):
+        raise ValueError("tool_choice must be \"auto\", \"none\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}")
     chosen = [t for t in tools if t["function"]["name"] == name]
     if not chosen:
         raise ValueError(f"tool_choice names {name!r:.60}, which is not among the tools")

@@ -17,6 +17,7 @@ from minimind_lib.inference.structured.grammar import (
     call_schema,
     constrain,
     constrain_regex,
+    constrain_reply,
     constrain_tool_calls,
     vocabulary,
 )
@@ -24,5 +25,6 @@ from minimind_lib.inference.structured.index import GrammarState, TokenIndex, To
 from minimind_lib.inference.structured.schema import SchemaError, schema_to_regex, validate
 
 __all__ = ["DFA", "Constraint", "GrammarState", "SchemaError", "TokenIndex", "TokenVocabulary",
-           "call_schema", "compile_regex", "constrain", "constrain_regex", "constrain_tool_calls",
+           "call_schema", "compile_regex", "constrain", "constrain_regex", "constrain_reply",
+           "constrain_tool_calls",
            "parse_regex", "schema_to_regex", "utf8_sequences", "validate", "vocabulary"]

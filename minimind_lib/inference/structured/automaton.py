@@ -28,6 +28,7 @@ MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
 SPECIAL_BASE = 256  # special token k is symbol 256 + k in an automaton
 MAX_REPEAT = 1000  # {m,n} bounds above this are refused (each copy is NFA states)
+MAX_STATES = 20_000  # a grammar whose automaton grows past this is refused (a hostile schema)
 DEAD = -1
 
 # ---------------------------------------------------------------- the expression tree
@@ -292,6 +293,9 @@ class _NFA:
     eps: list[list[int]] = field(default_factory=list)
 
     def state(self) -> int:
+        if len(self.edges) >= 10 * MAX_STATES:
+            raise ValueError(f"the grammar needs more than {10 * MAX_STATES} NFA states; "
+                             "simplify the schema (smaller maxLength / maxItems)")
         self.edges.append([])
         self.eps.append([])
         return len(self.edges) - 1
@@ -404,6 +408,9 @@ def compile_tree(tree) -> DFA:
                 continue
             target = nfa.closure(targets)
             if target not in ids:
+                if len(sets) >= MAX_STATES:
+                    raise ValueError(f"the grammar needs more than {MAX_STATES} automaton "
+                                     "states; simplify the schema")
                 ids[target] = len(sets)
                 sets.append(target)
             for symbol in range(lo, hi):

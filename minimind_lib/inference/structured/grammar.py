@@ -111,10 +111,7 @@ def constrain(schema: object, tokenizer, *, thinking: bool = False,
               whitespace: str = WHITESPACE) -> Constraint:
     """The reply is one JSON value valid under ``schema`` (``SchemaError`` outside the
     subset); ``thinking``: after the reasoning of a prompt that opened ``<think>``."""
-    pattern = schema_to_regex(schema, whitespace)
-    key = json.dumps(["json", schema, thinking, whitespace], sort_keys=True)
-    return _compiled(tokenizer, key,
-                     lambda: _after_thinking(tokenizer, parse_regex(pattern), thinking))
+    return constrain_reply(tokenizer, schema=schema, thinking=thinking, whitespace=whitespace)
 
 
 def call_schema(tools: Sequence[dict]) -> dict:
@@ -130,29 +127,56 @@ def call_schema(tools: Sequence[dict]) -> dict:
 
 
 def constrain_tool_calls(tools: Sequence[dict], tokenizer, *, required: bool = True,
-                         thinking: bool = False) -> Constraint:
+                         thinking: bool = False, parallel: bool = True) -> Constraint:
     """Replies in MiniMind-3's format whose calls name one of ``tools`` with valid arguments.
 
     ``required``: the reply is one or more calls and nothing else (``tool_choice`` "required"
     or a named function); otherwise free text, then any calls (``auto`` with strict tools).
-    A tool whose parameters fall outside the subset is a ``SchemaError`` naming it.
+    ``parallel=False``: at most one call. A tool whose parameters fall outside the subset is a
+    ``SchemaError`` naming it (``tools[i].function.parameters...``).
     """
-    if not tools:
-        raise ValueError("constrained tool calls need at least one tool")
+    return constrain_reply(tokenizer, tools=tools, tools_required=required, thinking=thinking,
+                           parallel=parallel)
+
+
+def constrain_reply(tokenizer, *, schema: object = None, tools: Sequence[dict] = (),
+                    tools_required: bool = False, thinking: bool = False,
+                    parallel: bool = True, whitespace: str = WHITESPACE) -> Constraint:
+    """The one grammar of a reply, as the server asks for it.
+
+    * ``schema`` alone: the reply is that JSON value;
+    * ``tools`` with ``tools_required``: one or more calls (one with ``parallel=False``);
+    * ``tools`` otherwise: with a schema, the JSON value or calls; without, any text then
+      any calls;
+    * ``thinking``: all of it after the reasoning and ``</think>``.
+    """
+    tools = list(tools or [])
+    if schema is None and not tools:
+        raise ValueError("a reply grammar needs a schema or tools")
+    json_pattern = None if schema is None else schema_to_regex(schema, whitespace)
     for i, tool in enumerate(tools):
         try:
-            schema_to_regex(call_schema([tool]))
+            schema_to_regex(call_schema([tool]), whitespace)
         except SchemaError as e:
             path = e.path.replace("$.anyOf[0].arguments", f"tools[{i}].function.parameters")
             raise SchemaError(e.keyword, path, str(e).split(": ", 1)[1]) from None
-    pattern = "\n" + schema_to_regex(call_schema(tools)) + "\n"
-    key = json.dumps(["tools", list(tools), required, thinking], sort_keys=True)
+    call_pattern = "\n" + schema_to_regex(call_schema(tools), whitespace) + "\n" if tools else ""
+    key = json.dumps(["reply", schema, tools, tools_required, thinking, parallel, whitespace],
+                     sort_keys=True)
 
     def build():
-        call = Concat((_special(tokenizer, TOOL_CALL), parse_regex(pattern),
-                       _special(tokenizer, TOOL_CALL_END)))
-        calls = Concat((call, Repeat(Concat((literal("\n"), call)), 0, None)))
-        body = calls if required else Concat((ANY_TEXT, Alt((Concat(()), calls))))
+        body = None if json_pattern is None else parse_regex(json_pattern)
+        if tools:
+            call = Concat((_special(tokenizer, TOOL_CALL), parse_regex(call_pattern),
+                           _special(tokenizer, TOOL_CALL_END)))
+            calls = call if not parallel else Concat(
+                (call, Repeat(Concat((literal("\n"), call)), 0, None)))
+            if tools_required:
+                body = calls
+            elif body is not None:
+                body = Alt((body, calls))
+            else:
+                body = Concat((ANY_TEXT, Alt((Concat(()), calls))))
         return _after_thinking(tokenizer, body, thinking)
 
     return _compiled(tokenizer, key, build)

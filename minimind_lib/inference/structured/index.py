@@ -79,8 +79,39 @@ class TokenIndex:
         self.dfa, self.vocab = dfa, vocab
         start = time.perf_counter()
         self.moves: list[dict[int, int]] = [self._tokens_from(s) for s in range(dfa.num_states)]
+        self.distance = self._distances()
+        #: per state, the most tokens any allowed token leaves to a complete output
+        self.worst = [max((self.distance[t] for t in set(m.values()) if t != DEAD), default=0)
+                      for m in self.moves]
         self.build_seconds = time.perf_counter() - start
         self._masks: dict[int, Tensor] = {}
+        self._after: dict[int, Tensor] = {}
+
+    def _distances(self) -> list[int]:
+        """The fewest tokens from each state to a complete match (0 in an accepting state):
+        a breadth-first search backwards over the states the tokens connect."""
+        back: list[set[int]] = [set() for _ in self.moves]
+        for s, moves in enumerate(self.moves):
+            for t in set(moves.values()):
+                if t != DEAD:
+                    back[t].add(s)
+        far = len(self.moves) + 1
+        distance = [0 if s in self.dfa.accepting else far for s in range(len(self.moves))]
+        frontier = [s for s in range(len(self.moves)) if distance[s] == 0]
+        while frontier:
+            nxt = []
+            for t in frontier:
+                for s in back[t]:
+                    if distance[s] == far:
+                        distance[s] = distance[t] + 1
+                        nxt.append(s)
+            frontier = nxt
+        return distance
+
+    @property
+    def min_tokens(self) -> int:
+        """The fewest tokens any complete output takes (the stop token not counted)."""
+        return self.distance[0]
 
     def _tokens_from(self, state: int) -> dict[int, int]:
         """Token id -> next state, for the tokens readable from ``state`` (stop ids: -1)."""
@@ -122,15 +153,31 @@ class TokenIndex:
         except KeyError:
             raise ValueError(f"token {token_id} is not allowed in state {state}") from None
 
-    def mask(self, state: int, device: torch.device | str | None = None) -> Tensor:
-        """(V,) bool: True where the token is allowed."""
-        key = state
-        if key not in self._masks:
+    def mask(self, state: int, device: torch.device | str | None = None,
+             remaining: int | None = None) -> Tensor:
+        """(V,) bool: True where the token is allowed. With ``remaining`` (tokens the row may
+        still write, this one included), only tokens after which the output can still be
+        completed in time: a budget can cut a reply short, never leave it unfinished."""
+        if state not in self._masks:
             m = torch.zeros(self.vocab.size, dtype=torch.bool)
             m[list(self.moves[state])] = True
-            self._masks[key] = m
-        m = self._masks[key]
+            self._masks[state] = m
+        m = self._masks[state]
+        if remaining is not None and remaining < self.worst[state] + 1:
+            m = self._reachable(state) <= remaining - 1
         return m if device is None else m.to(device)
+
+    def _reachable(self, state: int) -> Tensor:
+        """(V,) int: after each allowed token, the fewest tokens left to a complete output
+        (a stop token: 0); a large number for the tokens not allowed."""
+        if state not in self._after:
+            after = torch.full((self.vocab.size,), 1 << 30, dtype=torch.int32)
+            ids = list(self.moves[state])
+            after[ids] = torch.tensor([0 if self.moves[state][t] == DEAD
+                                       else self.distance[self.moves[state][t]] for t in ids],
+                                      dtype=torch.int32)
+            self._after[state] = after
+        return self._after[state]
 
 
 class GrammarState:
@@ -146,8 +193,14 @@ class GrammarState:
     def done(self) -> bool:
         return self.state == DEAD
 
-    def mask(self, device: torch.device | str | None = None) -> Tensor:
-        return self.index.mask(self.state, device)
+    @property
+    def min_tokens(self) -> int:
+        """The fewest tokens that complete the output from here."""
+        return 0 if self.done else self.index.distance[self.state]
+
+    def mask(self, device: torch.device | str | None = None,
+             remaining: int | None = None) -> Tensor:
+        return self.index.mask(self.state, device, remaining)
 
     def advance(self, token_id: int) -> None:
         if self.done:

@@ -285,3 +285,20 @@ def test_a_budget_below_the_grammars_minimum_is_refused():
     grammar = constrain(TOOL_PARAMETERS[1], TOK)
     with pytest.raises(ValueError, match="needs at least"):
         generate_many(_tiny_model(), [[1, 5]], grammar.index.min_tokens - 1, constraints=grammar)
+
+
+def test_the_tool_loop_under_the_grammar_never_writes_an_unreadable_call():
+    from minimind_lib.inference.structured import tool_grammar
+    from minimind_lib.tools import run_with_tools
+
+    model = _tiny_model(6)
+    grammar = tool_grammar(TOK)
+    runs = [run_with_tools(model, TOK, [{"role": "user", "content": q}], tool_schemas(), 2,
+                           max_new_tokens=80, temperature=1.0, constrain=grammar,
+                           generator=torch.Generator().manual_seed(k))
+            for k, q in enumerate(["What is 2+2?", "Weekday of 2024-01-01?", "Hi"])]
+    assert all(run.errors == [] for run in runs)
+    for call in (c for run in runs for c in run.calls):
+        params = next(t["function"]["parameters"] for t in tool_schemas()
+                      if t["function"]["name"] == call["name"])
+        assert validate(call["arguments"], params) == []

@@ -125,6 +125,14 @@ def test_an_oracle_scores_full_marks_and_a_model_that_never_calls_scores_no_call
     assert never["calculate"]["call_accuracy"] == 0.0
     assert never["calculate"]["with_tools"] == never["calculate"]["without_tools"] == 1.0
     assert "| calculate | 2 | 0.0% | 0.0% | 100.0% | 100.0% |" in tool_table(never)
+    # the (grammar) columns: the oracle ignores a grammar, so they equal the free ones
+    graded = evaluate_tools(Oracle(HELD), TOK, per_task=2, progress=False,
+                            constrain=lambda tools, thinking: None)
+    for scores in graded.values():
+        for k, v in scores.items():
+            if k.endswith("_grammar"):
+                assert v == scores[k.removesuffix("_grammar")], (k, scores)
+    assert graded["calculate"]["calls_parse_grammar"] == 1.0
 
 
 def test_a_held_out_record_without_its_fields_is_named(tmp_path, monkeypatch):

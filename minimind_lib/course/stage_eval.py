@@ -21,6 +21,7 @@ from minimind_lib.course.stage_registry import StageContext, read_marker
 from minimind_lib.data.hanzi_codes import task_records
 from minimind_lib.evaluation.model_eval import ModelEval, evaluate_model
 from minimind_lib.evaluation.questions import evaluate_sft, summarize
+from minimind_lib.inference.structured.grammar import tool_grammar
 from minimind_lib.tokenizer.bpe import BPETokenizer
 
 
@@ -28,9 +29,11 @@ def profile_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,
                  progress: bool = True, tools: bool = False) -> ModelEval:
     """``model``'s held-out record as every stage of ``profile`` measures it: ``eval_per_task``
     questions a task, perplexity and bits per byte in windows of the pretraining length; with
-    ``tools`` (the sft stage's result) the tool and thinking questions too."""
+    ``tools`` (the sft stage's result) the tool and thinking questions too, free and under the
+    tools' grammar (``inference.structured.tool_grammar``)."""
     return evaluate_model(model, tokenizer, per_task=profile.eval_per_task,
-                          seq_len=profile.pretrain.seq_len, progress=progress, tools=tools)
+                          seq_len=profile.pretrain.seq_len, progress=progress, tools=tools,
+                          constrain=tool_grammar(tokenizer) if tools else None)
 
 
 def domain_eval(model: nn.Module, tokenizer: BPETokenizer, profile: Profile,

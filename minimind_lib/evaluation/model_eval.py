@@ -5,7 +5,7 @@ table the report prints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,13 +55,15 @@ class ModelEval:
 
 
 def evaluate_model(model: nn.Module, tokenizer: BPETokenizer, *, per_task: int | None,
-                   seq_len: int, progress: bool = True, tools: bool = False) -> ModelEval:
+                   seq_len: int, progress: bool = True, tools: bool = False,
+                   constrain: Callable | None = None) -> ModelEval:
     """``evaluate_sft`` on the first ``per_task`` held-out questions of every task, and the
     perplexity of the held-out pretraining text (``data/eval/pretrain_eval.jsonl``) in windows
     of ``seq_len`` tokens and its bits per byte (each text cut to ``seq_len`` tokens): the
     before/after record of the sft, dpo (and later) stages. The same questions as multiple
     choice, in both formats (``multiple_choice.held_out_mc``). With ``tools``, also the
-    held-out tool and thinking questions (``tool_use.evaluate_tools``)."""
+    held-out tool and thinking questions (``tool_use.evaluate_tools``; with ``constrain``, its
+    "(grammar)" columns too)."""
     records = load_eval_records()
     questions = select_per_task(records, per_task)
     tasks = evaluate_sft(model, tokenizer, questions,
@@ -69,7 +71,7 @@ def evaluate_model(model: nn.Module, tokenizer: BPETokenizer, *, per_task: int |
     held_out = eval_files("pretrain")[0]
     ppl = perplexity(model, tokenizer, held_out, seq_len, progress=progress)
     bpb = bits_per_byte(model, tokenizer, held_out, context=seq_len, progress=progress)
-    scores = evaluate_tools(model, tokenizer, per_task, progress) if tools else None
+    scores = evaluate_tools(model, tokenizer, per_task, progress, constrain) if tools else None
     mc = {fmt: {k: asdict(v) for k, v in held_out_mc(model, tokenizer, questions, pool=records,
                                                       fmt=fmt).items()} for fmt in MC_FORMATS}
     return ModelEval(tasks, ppl, bpb, scores, mc)

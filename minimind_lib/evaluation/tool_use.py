@@ -12,6 +12,11 @@
 * ``multi_step`` (a three-number sum): exact match with **thinking on** (the prompt opens the
   think block) and **off**, and the share of thinking-on replies that wrote reasoning.
 
+Given ``constrain`` (``inference.structured.tool_grammar``), each tool and no-tool question is
+asked again with every reply decoded under the tools' grammar: the **(grammar)** columns. Beside
+**calls parse** (the first reply's calls all read), they show what a grammar fixes (the format)
+and what it cannot (which tool, and the arguments copied from the question).
+
 >>> same_arguments({"expression": "2+ 3"}, {"expression": "2 + 3"}), same_arguments(
 ...     {"value": 3, "to_unit": "m"}, {"value": 3.0, "to_unit": " m"})
 (True, True)
@@ -19,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import nn
 from tqdm.auto import tqdm
@@ -35,7 +40,12 @@ METRICS = {"right_tool": "right tool", "call_accuracy": "call accuracy",
            "with_tools": "EM with tools",
            "without_tools": "EM without tools", "false_calls": "false calls",
            "thinking_on": "EM thinking on", "thinking_off": "EM thinking off",
-           "wrote_reasoning": "wrote reasoning"}
+           "wrote_reasoning": "wrote reasoning", "calls_parse": "calls parse",
+           "calls_parse_grammar": "calls parse (grammar)",
+           "right_tool_grammar": "right tool (grammar)",
+           "call_accuracy_grammar": "call accuracy (grammar)",
+           "with_tools_grammar": "EM with tools (grammar)",
+           "false_calls_grammar": "false calls (grammar)"}
 MAX_NEW_TOKENS = 96  # a call or a final answer (the longest reference: ~60 tokens)
 
 
@@ -82,42 +92,57 @@ def _rate(flags: Sequence[bool]) -> float:
     return sum(flags) / len(flags) if flags else 0.0
 
 
-def score_record(model: nn.Module, tokenizer: BPETokenizer, record: dict) -> dict[str, bool]:
-    """One held-out question's outcomes, by metric."""
+def _call_outcomes(run, record: dict) -> dict[str, bool]:
+    """A tool run's outcomes against the record's expected call and answer."""
+    called = bool(run.calls or run.errors)
+    parsed = bool(run.round_errors) and run.round_errors[0] == 0 and "tool_calls" in next(
+        m for m in run.messages if m["role"] == "assistant")
+    if record["tool_task"] == "no_tool":
+        return {"false_calls": called, "with_tools": exact_match(run.answer, record["answer"])}
+    want, first = record["call"], (run.calls[0] if run.calls else None)
+    return {"right_tool": first is not None and first["name"] == want["name"],
+            "call_accuracy": (first is not None and first["name"] == want["name"]
+                              and same_arguments(first["arguments"], want["arguments"])),
+            "with_tools": run.answered and exact_match(run.answer, record["answer"]),
+            "calls_parse": parsed}
+
+
+def score_record(model: nn.Module, tokenizer: BPETokenizer, record: dict,
+                 constrain: Callable | None = None) -> dict[str, bool]:
+    """One held-out question's outcomes, by metric (the "_grammar" ones with ``constrain``)."""
     messages, tools = _prompt(record)
     kind, answer = record["tool_task"], record["answer"]
 
-    def ask(offered: list[dict], rounds: int = 3, think: bool = False):
+    def ask(offered: list[dict], rounds: int = 3, think: bool = False, grammar=None):
         return run_with_tools(model, tokenizer, messages if offered else
                               [m for m in messages if m["role"] != "system"], offered, rounds,
-                              open_thinking=think, max_new_tokens=MAX_NEW_TOKENS)
+                              open_thinking=think, max_new_tokens=MAX_NEW_TOKENS,
+                              constrain=grammar)
 
     if kind == "multi_step":
         on, off = ask([], 1, think=True), ask([], 1)
         return {"thinking_on": exact_match(on.answer, answer),
                 "thinking_off": exact_match(off.answer, answer),
                 "wrote_reasoning": bool(on.messages[-1].get("reasoning_content"))}
-    run = ask(tools)
-    called = bool(run.calls or run.errors)
-    if kind == "no_tool":
-        return {"false_calls": called, "with_tools": exact_match(run.answer, answer)}
-    want, first = record["call"], (run.calls[0] if run.calls else None)
-    right = (first is not None and first["name"] == want["name"]
-             and same_arguments(first["arguments"], want["arguments"]))
-    alone = ask([], 1)
-    return {"right_tool": first is not None and first["name"] == want["name"],
-            "call_accuracy": right, "with_tools": run.answered and exact_match(run.answer, answer),
-            "without_tools": exact_match(alone.answer, answer)}
+    out = _call_outcomes(ask(tools), record)
+    if constrain is not None:
+        out |= {f"{k}_grammar": v for k, v in
+                _call_outcomes(ask(tools, grammar=constrain), record).items()}
+    if kind != "no_tool":
+        out["without_tools"] = exact_match(ask([], 1).answer, answer)
+    return out
 
 
 def evaluate_tools(model: nn.Module, tokenizer: BPETokenizer, per_task: int | None,
-                   progress: bool = True) -> dict[str, dict[str, float]]:
-    """Every held-out kind's rates (``METRICS`` that apply) and its ``n``."""
+                   progress: bool = True,
+                   constrain: Callable | None = None) -> dict[str, dict[str, float]]:
+    """Every held-out kind's rates (``METRICS`` that apply) and its ``n``; with ``constrain``,
+    the "(grammar)" columns too."""
     outcomes: dict[str, dict[str, list[bool]]] = {}
     for record in tqdm(load_tool_questions(per_task), desc="tool questions", unit="q",
                        disable=not progress):
         kind = outcomes.setdefault(record["tool_task"], {})
-        for metric, ok in score_record(model, tokenizer, record).items():
+        for metric, ok in score_record(model, tokenizer, record, constrain).items():
             kind.setdefault(metric, []).append(bool(ok))
     return {task: {"n": len(next(iter(m.values())))} | {k: _rate(v) for k, v in m.items()}
             for task, m in outcomes.items()}

@@ -134,10 +134,11 @@ def _last_logits(model: nn.Module, rows: Sequence[Tensor]) -> Tensor:
 
 class TokenConstraint(Protocol):
     """What a row's constraint does while it decodes (``inference.structured.GrammarState``
-    is one): ``mask`` says which next tokens are allowed, ``advance`` takes the one chosen."""
+    is one): ``bias`` is 0 on the next tokens allowed and -inf on the others (``remaining``:
+    the tokens the row may still write), ``advance`` takes the one chosen."""
 
-    def mask(self, device: torch.device | str | None = None,
-             remaining: int | None = None) -> Tensor: ...  # (V,) bool; remaining: tokens left
+    def bias(self, device: torch.device | str | None = None,
+             remaining: int | None = None) -> Tensor: ...  # (V,) 0 allowed, -inf not
 
     def advance(self, token_id: int) -> None: ...
 
@@ -280,19 +281,12 @@ class ContinuousBatch:
         """The next token of each row (B,) from ``logits`` (B, V): one call for all rows when they
         share their sampling settings (and generator), else row by row. A row with a
         constraint samples among the tokens its grammar allows."""
-        constrained = [i for i, r in enumerate(self.rows) if r.constraint is not None]
-        if constrained:
-            allowed = torch.stack([self.rows[i].constraint.mask(
-                logits.device, self.rows[i].max_new_tokens - len(self.rows[i].tokens))
-                for i in constrained])  # (C, V') over the tokenizer's ids
-            pad = logits.shape[-1] - allowed.shape[-1]  # a model's rows past the tokenizer's
-            if pad:
-                allowed = torch.nn.functional.pad(allowed, (0, pad))  # never allowed
-            if not bool(allowed.any(dim=-1).all()):
-                raise ValueError("a constraint allows no next token (is max_new_tokens below "
-                                 "the fewest tokens the grammar needs?)")
-            logits = logits.clone()
-            logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
+        width = logits.shape[-1]
+        for i, row in enumerate(self.rows):
+            if row.constraint is not None:  # -inf on what the grammar forbids, in place
+                bias = row.constraint.bias(logits.device, row.max_new_tokens - len(row.tokens))
+                logits[i, :len(bias)] += bias[:width]
+                logits[i, len(bias):] = float("-inf")  # a model's rows past the tokenizer's
         first = self.rows[0].sampling()
         if all(r.sampling() == first for r in self.rows):
             return sample_next_token(logits, *first)

@@ -35,6 +35,7 @@ class ToolRun:
     errors: list[str] = field(default_factory=list)
     rounds: int = 0
     answered: bool = False
+    round_errors: list[int] = field(default_factory=list)  # read errors, per reply
 
     @property
     def answer(self) -> str:
@@ -44,12 +45,14 @@ class ToolRun:
 
 
 def _reply(model: nn.Module, tokenizer: BPETokenizer, prompt: list[int], max_new_tokens: int,
-           temperature: float, generator: torch.Generator | None) -> str:
+           temperature: float, generator: torch.Generator | None, grammar: object = None) -> str:
     """One reply's text, markers kept (``<think>``, ``<tool_call>``), up to ``<|im_end|>``."""
     end = tokenizer.token_to_id(IM_END)
     device = next(model.parameters()).device
+    grammar_kw = {} if grammar is None else {"constraints": grammar}
     out = model.generate(torch.tensor([prompt], device=device), max_new_tokens,
-                         temperature=temperature, eos_token_id=end, generator=generator)
+                         temperature=temperature, eos_token_id=end, generator=generator,
+                         **grammar_kw)
     new = out[0, len(prompt):].tolist()
     return tokenizer.decode(new[:new.index(end)] if end in new else new)
 
@@ -59,18 +62,23 @@ def run_with_tools(model: nn.Module, tokenizer: BPETokenizer, messages: Sequence
                    tools: Sequence[dict] | None = None, max_rounds: int = 4, *,
                    open_thinking: bool = False, max_new_tokens: int = 128,
                    temperature: float = 0.0, generator: torch.Generator | None = None,
-                   execute: Callable[[str, dict], str] = execute_tool) -> ToolRun:
+                   execute: Callable[[str, dict], str] = execute_tool,
+                   constrain: Callable[[list[dict], bool], object] | None = None) -> ToolRun:
     """Answer ``messages`` with the tools: generate, read the calls, run them, continue.
 
     ``tools`` are OpenAI function schemas (default: all of the course's, ``tool_schemas()``);
     ``execute(name, arguments) -> str`` runs one call (default: the safe executor, which runs
     only the course's tools and answers anything else with an error message).
+    ``constrain(tools, open_thinking)``: the grammar every reply decodes under, so each call it
+    writes parses and fits its tool's schema (``inference.structured.tool_grammar(tokenizer)``:
+    free text, then valid calls; the model still decides whether to call, and what).
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
     tools = list(tool_schemas() if tools is None else tools)
     run = ToolRun(messages=[dict(m) for m in messages])
     room = model.config.max_position_embeddings
+    grammar = constrain(tools, open_thinking) if constrain is not None and tools else None
     was_training = model.training
     model.eval()
     try:
@@ -82,8 +90,9 @@ def run_with_tools(model: nn.Module, tokenizer: BPETokenizer, messages: Sequence
                                   f"a {max_new_tokens}-token reply in {room}")
                 break
             reply = parse_tool_calls(_reply(model, tokenizer, prompt, max_new_tokens,
-                                            temperature, generator))
+                                            temperature, generator, grammar))
             run.rounds += 1
+            run.round_errors.append(len(reply.errors))
             message = {"role": "assistant", "content": reply.content}
             if reply.reasoning:
                 message["reasoning_content"] = reply.reasoning

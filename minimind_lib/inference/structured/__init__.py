@@ -19,6 +19,7 @@ from minimind_lib.inference.structured.grammar import (
     constrain_regex,
     constrain_reply,
     constrain_tool_calls,
+    tool_grammar,
     vocabulary,
 )
 from minimind_lib.inference.structured.index import GrammarState, TokenIndex, TokenVocabulary
@@ -26,5 +27,5 @@ from minimind_lib.inference.structured.schema import SchemaError, schema_to_rege
 
 __all__ = ["DFA", "Constraint", "GrammarState", "SchemaError", "TokenIndex", "TokenVocabulary",
            "call_schema", "compile_regex", "constrain", "constrain_regex", "constrain_reply",
-           "constrain_tool_calls",
-           "parse_regex", "schema_to_regex", "utf8_sequences", "validate", "vocabulary"]
+           "constrain_tool_calls", "parse_regex", "schema_to_regex", "tool_grammar",
+           "utf8_sequences", "validate", "vocabulary"]

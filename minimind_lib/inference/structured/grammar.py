@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from minimind_lib.inference.structured.automaton import (
@@ -137,6 +137,14 @@ def constrain_tool_calls(tools: Sequence[dict], tokenizer, *, required: bool = T
     """
     return constrain_reply(tokenizer, tools=tools, tools_required=required, thinking=thinking,
                            parallel=parallel)
+
+
+def tool_grammar(tokenizer) -> Callable[[Sequence[dict], bool], Constraint]:
+    """For ``tools.run_with_tools(..., constrain=tool_grammar(tok))``: strict tools under
+    ``auto`` (free text, then calls that parse and fit their schemas)."""
+    def grammar(tools: Sequence[dict], thinking: bool) -> Constraint:
+        return constrain_tool_calls(tools, tokenizer, required=False, thinking=thinking)
+    return grammar
 
 
 def constrain_reply(tokenizer, *, schema: object = None, tools: Sequence[dict] = (),

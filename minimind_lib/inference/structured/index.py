@@ -86,6 +86,7 @@ class TokenIndex:
         self.build_seconds = time.perf_counter() - start
         self._masks: dict[int, Tensor] = {}
         self._after: dict[int, Tensor] = {}
+        self._biases: dict[tuple, Tensor] = {}
 
     def _distances(self) -> list[int]:
         """The fewest tokens from each state to a complete match (0 in an accepting state):
@@ -167,6 +168,20 @@ class TokenIndex:
             m = self._reachable(state) <= remaining - 1
         return m if device is None else m.to(device)
 
+    def bias(self, state: int, device: torch.device | str | None = None,
+             remaining: int | None = None) -> Tensor:
+        """(V,) float32 to add to the logits: 0 where ``mask`` allows, -inf elsewhere (cached per
+        state and device: decoding adds it in place, one operation a row)."""
+        budgeted = remaining is not None and remaining < self.worst[state] + 1
+        key = (state, str(device), remaining if budgeted else None)
+        if key not in self._biases:
+            allowed = self.mask(state, None, remaining)
+            b = torch.zeros(self.vocab.size).masked_fill_(~allowed, float("-inf"))
+            if budgeted:
+                return b.to(device)  # near the end of the budget: not worth keeping
+            self._biases[key] = b.to(device)
+        return self._biases[key]
+
     def _reachable(self, state: int) -> Tensor:
         """(V,) int: after each allowed token, the fewest tokens left to a complete output
         (a stop token: 0); a large number for the tokens not allowed."""
@@ -200,12 +215,26 @@ class GrammarState:
 
     def mask(self, device: torch.device | str | None = None,
              remaining: int | None = None) -> Tensor:
+        if self.done:  # complete: only stop tokens (a caller that does not stop at them)
+            m = torch.zeros(self.index.vocab.size, dtype=torch.bool)
+            m[list(self.index.vocab.stop_ids)] = True
+            return m if device is None else m.to(device)
         return self.index.mask(self.state, device, remaining)
+
+    def bias(self, device: torch.device | str | None = None,
+             remaining: int | None = None) -> Tensor:
+        """``mask`` as (V,) float32: 0 allowed, -inf not (what decoding adds to the logits)."""
+        if self.done:
+            allowed = self.mask()
+            return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf")).to(device)
+        return self.index.bias(self.state, device, remaining)
 
     def advance(self, token_id: int) -> None:
         if self.done:
-            raise ValueError("the grammar is complete; nothing more can be read")
-        self.state = self.index.next_state(self.state, token_id)
+            if token_id not in self.index.vocab.stop_ids:
+                raise ValueError("the grammar is complete; only a stop token may follow")
+        else:
+            self.state = self.index.next_state(self.state, token_id)
         self.tokens.append(token_id)
 
     def accepts(self, tokens: Sequence[int]) -> bool:

@@ -256,6 +256,12 @@ WRONG: dict[str, object] = {
     "16.2": lambda s, t, T: T ** 2 * torch.nn.functional.cross_entropy(s / T, t.argmax(-1)),
     "16.3": lambda conversations, answers: [c[:-1] + [{"role": "assistant", "content": a.text}]
                                             for c, a in zip(conversations, answers, strict=True)],
+    # notebook 18: only a token's first byte walked; values not escaped (1.5 matches 105);
+    # distances counting the stop token (accepting states 1 away)
+    "18.1": lambda dfa, tokens, state: [i for i, b in enumerate(tokens)
+                                        if b and dfa.step(state, b[0]) != -1],
+    "18.2": lambda values: "(" + "|".join(json.dumps(v, ensure_ascii=False) for v in values) + ")",
+    "18.3": lambda moves, accepting: _distances_plus_one(moves, accepting),
     # encoded apart: " three" after "two," loses nothing here, but "France is " + "Paris" does
     "17.1": lambda tok, ctx, cont: (tok.encode(ctx, set()), tok.encode(cont, set())),
     # per UTF-8 byte, not per character: Chinese choices weigh 3x
@@ -263,6 +269,18 @@ WRONG: dict[str, object] = {
                                   max(range(len(lls)),
                                       key=lambda k: (lls[k] / len(choices[k].encode()), -k))),
 }
+
+
+def _distances_plus_one(moves, accepting):
+    """Fewest tokens to a state where the stop token may come, plus that stop token."""
+    far = len(moves) + 1
+    dist = [1 if s in accepting else far for s in range(len(moves))]
+    for _ in moves:
+        for s, m in enumerate(moves):
+            for t in m.values():
+                if t != -1:
+                    dist[s] = min(dist[s], dist[t] + 1)
+    return dist
 
 
 def _asked(notebook: Path) -> set[str]:

@@ -47,6 +47,7 @@ from minimind_lib.course import i18n
 from minimind_lib.course.exercises_agent import NOTEBOOK_15
 from minimind_lib.course.exercises_bench import NOTEBOOK_17
 from minimind_lib.course.exercises_distill import NOTEBOOK_16
+from minimind_lib.course.exercises_structured import NOTEBOOK_18
 from minimind_lib.course.exercises_tools import NOTEBOOK_14
 from minimind_lib.data.conversations import SFTDataset, sft_example
 from minimind_lib.data.readers import DataFormatError, read_jsonl, validate_record
@@ -794,5 +795,6 @@ def _splice(answer):
 
 
 # notebooks 14's to 17's checks live in their own modules (this one is long enough)
-for _exercise_id, _check in {**NOTEBOOK_14, **NOTEBOOK_15, **NOTEBOOK_16, **NOTEBOOK_17}.items():
+for _exercise_id, _check in {**NOTEBOOK_14, **NOTEBOOK_15, **NOTEBOOK_16, **NOTEBOOK_17,
+                            **NOTEBOOK_18}.items():
     check(_exercise_id)(_check)

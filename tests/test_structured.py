@@ -302,3 +302,18 @@ def test_the_tool_loop_under_the_grammar_never_writes_an_unreadable_call():
         params = next(t["function"]["parameters"] for t in tool_schemas()
                       if t["function"]["name"] == call["name"])
         assert validate(call["arguments"], params) == []
+
+
+def test_a_row_ends_with_its_own_stop_token_not_another_the_grammar_allows():
+    """The grammar may end at <|im_end|> or <|endoftext|>; a row that stops only at
+    <|im_end|> never gets <|endoftext|> (it would not stop, and the text would carry it)."""
+    model = _tiny_model(7)
+    eot = TOK.token_to_id("<|endoftext|>")
+    with torch.no_grad():
+        model.lm_head.bias[eot] = 50.0  # the model loves <|endoftext|>
+    outs = generate_many(model, [[1, 5]] * 4, 40, eos_token_id=STOPS[0], temperature=1.0,
+                         generator=torch.Generator().manual_seed(0),
+                         constraints=constrain({"type": "boolean"}, TOK))
+    for tokens in outs:
+        assert eot not in tokens and tokens[-1] == STOPS[0]
+        assert _text(tokens) in ("true", "false")

@@ -285,8 +285,15 @@ class ContinuousBatch:
         for i, row in enumerate(self.rows):
             if row.constraint is not None:  # -inf on what the grammar forbids, in place
                 bias = row.constraint.bias(logits.device, row.max_new_tokens - len(row.tokens))
-                logits[i, :len(bias)] += bias[:width]
-                logits[i, len(bias):] = float("-inf")  # a model's rows past the tokenizer's
+                if len(bias) >= width:
+                    logits[i] += bias[:width]
+                else:  # a model's rows past the tokenizer's are never allowed
+                    logits[i, :len(bias)] += bias
+                    logits[i, len(bias):] = float("-inf")
+                # the grammar may end at any of its stop tokens; the row ends at its own
+                ends = getattr(row.constraint, "stop_ids", row.stop_ids)
+                if ends != row.stop_ids and row.stop_ids & ends and ends - row.stop_ids:
+                    logits[i, sorted(ends - row.stop_ids)] = float("-inf")
         first = self.rows[0].sampling()
         if all(r.sampling() == first for r in self.rows):
             return sample_next_token(logits, *first)

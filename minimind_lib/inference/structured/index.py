@@ -172,15 +172,15 @@ class TokenIndex:
              remaining: int | None = None) -> Tensor:
         """(V,) float32 to add to the logits: 0 where ``mask`` allows, -inf elsewhere (cached per
         state and device: decoding adds it in place, one operation a row)."""
-        budgeted = remaining is not None and remaining < self.worst[state] + 1
-        key = (state, str(device), remaining if budgeted else None)
-        if key not in self._biases:
+        if remaining is not None and remaining < self.worst[state] + 1:  # near the budget's end
             allowed = self.mask(state, None, remaining)
-            b = torch.zeros(self.vocab.size).masked_fill_(~allowed, float("-inf"))
-            if budgeted:
-                return b.to(device)  # near the end of the budget: not worth keeping
-            self._biases[key] = b.to(device)
-        return self._biases[key]
+            return torch.zeros(self.vocab.size).masked_fill_(~allowed, float("-inf")).to(device)
+        key = (state, device)
+        b = self._biases.get(key)
+        if b is None:
+            b = torch.zeros(self.vocab.size).masked_fill_(~self.mask(state), float("-inf"))
+            b = self._biases[key] = b.to(device)
+        return b
 
     def _reachable(self, state: int) -> Tensor:
         """(V,) int: after each allowed token, the fewest tokens left to a complete output
@@ -207,6 +207,11 @@ class GrammarState:
     @property
     def done(self) -> bool:
         return self.state == DEAD
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The tokens that may end the output where it is complete."""
+        return self.index.vocab.stop_ids
 
     @property
     def min_tokens(self) -> int:

@@ -187,6 +187,10 @@ def run_chat(args: argparse.Namespace) -> int:
         raise ValueError(f"--{e.field.replace('_', '-')}: {e}") from None
     model, tokenizer = load_chosen_model(args)
     if args.tools or args.think:
+        if not hasattr(model, "generate"):  # a vision-language model: its own chat, no tools
+            raise ValueError("--tools and --think are for text models: "
+                             f"{chosen_model_dir(args)} holds a vision-language model, whose chat "
+                             "template has no tools and no thinking; chat without them")
         if template_of(tokenizer) != "minimind-3":
             raise ValueError("--tools and --think need a model in MiniMind-3's chat format (its "
                              "tokenizer reserves the tool and thinking markers); this one speaks "

@@ -182,3 +182,42 @@ def test_bad_current_format_lines_name_line_and_field(tmp_path, schema, bad, mes
     assert next(records) == good
     with pytest.raises(DataFormatError, match=rf"x\.jsonl:2: .*{message}"):
         list(records)
+
+
+# --- issue 49: input that was accepted without limit, or failed without naming its line ------
+
+
+def test_a_line_over_the_size_limit_names_its_file_and_line(tmp_path, monkeypatch):
+    from minimind_lib.data import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 1000)
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"text": "x" * 5000}) + "\n")
+    rows = read_jsonl(path, "pretrain")
+    assert next(rows) == {"text": "ok"}
+    with pytest.raises(DataFormatError, match=r"big.jsonl:2: the line is longer than 1,000 "):
+        next(rows)
+
+
+def test_an_integer_beyond_pythons_digit_limit_names_its_file_and_line(tmp_path):
+    path = tmp_path / "digits.jsonl"
+    path.write_text(json.dumps({"text": "ok"}) + "\n" + '{"text": "a", "n": ' + "7" * 5000 + "}\n")
+    with pytest.raises(DataFormatError, match=r"digits.jsonl:2: a value JSON cannot be read"):
+        list(read_jsonl(path, "pretrain"))
+
+
+def test_a_huge_message_is_cut_before_it_is_tokenised_and_keeps_the_same_tokens(monkeypatch):
+    from minimind_lib.data import conversations
+    from minimind_lib.data.conversations import SFTDataset, sft_example, text_budget
+    from minimind_lib.tokenizer.bpe import load_tokenizer
+
+    tok = load_tokenizer()
+    words = " ".join(f"word{i % 97} 公里 {i}" for i in range(40_000))  # ~0.7 MB, spaced
+    chat = [{"role": "user", "content": "Say it all."}, {"role": "assistant", "content": words}]
+    assert len(words) > 10 * text_budget(tok, 96)
+    cut = sft_example(tok, chat, 96)
+    cut_ds = SFTDataset([{"conversations": chat}], tok, seq_len=96, progress=False)[0]
+    monkeypatch.setattr(conversations, "text_budget", lambda tokenizer, seq_len: 10**9)
+    whole = sft_example(tok, chat, 96)  # tokenised whole, then cut (the old way)
+    assert cut == whole and len(cut[0]) == 96
+    assert cut_ds["input_ids"].tolist() == whole[0]

@@ -833,6 +833,18 @@ def test_chat_and_serve_load_a_vlm_folder(vlm_folder, capsys, monkeypatch):
     assert main(["chat", "--model", str(vlm_folder), "--max-new-tokens", "3"]) == 0
 
 
+@pytest.mark.parametrize("flag", ["--tools", "--think"])
+def test_chat_tools_or_think_on_a_vlm_folder_is_a_user_error(vlm_folder, capsys, monkeypatch,
+                                                              flag):
+    """Issue 49.2: was ``'VisionLanguageModel' object has no attribute 'generate'`` at the
+    first message."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", "--model", str(vlm_folder), flag]) == 1
+    err = capsys.readouterr().err
+    assert "vision-language model" in err and str(vlm_folder) in err
+    assert "Traceback" not in err and "attribute" not in err
+
+
 def _png_header(width, height, mode=0):
     """A PNG whose header says ``width`` x ``height`` (1-bit grey), its data one empty row:
     a few bytes that decode to an enormous picture."""

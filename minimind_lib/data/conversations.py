@@ -9,6 +9,7 @@ tool calls; tool responses, like user turns, are never supervised.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -99,6 +100,28 @@ def _assemble(tokenizer: BPETokenizer, segments: Sequence[tuple[str, bool, bool]
 PROMPT_END = "\n\n"
 
 
+_longest_token: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def text_budget(tokenizer: BPETokenizer, seq_len: int) -> int:
+    """The characters of one text that can reach the first ``seq_len`` tokens: ``seq_len + 1``
+    times the longest token's bytes (a character is at least one byte), plus that again. A
+    longer text is cut to this before it is tokenised, so a 100 MB message costs what a short
+    one does (issue 49). The tokens kept are the same unless one word (a run the pre-tokeniser
+    does not split, such as unbroken Chinese text) crosses the cut, where BPE may merge its
+    last pieces differently; those lie past the window in all but contrived cases.
+
+    >>> from minimind_lib.tokenizer.bpe import load_tokenizer
+    >>> text_budget(load_tokenizer(), 10) > 10
+    True
+    """
+    if tokenizer not in _longest_token:
+        special = set(tokenizer.special_tokens)
+        _longest_token[tokenizer] = max(len(tokenizer.token_bytes(i)) for i in range(len(tokenizer))
+                                        if tokenizer.id_to_token(i) not in special)
+    return (seq_len + 2) * _longest_token[tokenizer]
+
+
 def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
                 template: str | None = None) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` of one conversation, cut to ``seq_len`` tokens.
@@ -123,7 +146,8 @@ def sft_example(tokenizer: BPETokenizer, messages: Sequence[dict], seq_len: int,
         raise ValueError(f"seq_len must be positive, got {seq_len}")
     template = template or template_of(tokenizer)
     segments = sft_segments(messages, template)
-    encoded = (tokenizer.encode(t, allowed_special=set()) for t, special, _ in segments
+    limit = text_budget(tokenizer, seq_len)
+    encoded = (tokenizer.encode(t[:limit], allowed_special=set()) for t, special, _ in segments
                if not special)
     return _assemble(tokenizer, segments, encoded, seq_len, template)
 
@@ -175,7 +199,8 @@ class SFTDataset(Dataset):
                     all_segments.append(sft_segments(record["conversations"], template))
                 except TemplateMismatch:
                     self.unrenderable += 1
-            texts = [t for segs in all_segments for t, special, _ in segs if not special]
+            limit = text_budget(tokenizer, seq_len)  # cut before tokenising: a huge message
+            texts = [t[:limit] for segs in all_segments for t, special, _ in segs if not special]
             encoded = iter(tokenizer.encode_batch(texts, allowed_special=set()))
             for segments in all_segments:
                 ids, labels = _assemble(tokenizer, segments, encoded, seq_len, template)

@@ -114,10 +114,16 @@ def validate_record(record: object, schema: str) -> str | None:
     return None
 
 
+#: One record's line at most (MiniMind's longest SFT and pretraining lines are tens of KB): a
+#: longer one is an error before it is read into memory or tokenised.
+MAX_LINE_BYTES = 8 * 2**20
+
+
 def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
     """Yield the records of a jsonl file, validated against ``schema``.
 
-    Blank lines are skipped; a file with no records is an error.  Validation happens
+    Blank lines are skipped; a file with no records is an error, and so is a line longer than
+    ``MAX_LINE_BYTES`` (named with its number, before it is read whole). Validation happens
     as lines are read, so a bad line 10,000 raises after the first 9,999 were yielded.
 
     >>> import tempfile, os
@@ -135,7 +141,11 @@ def read_jsonl(path: str | Path, schema: str) -> Iterator[dict]:
         raise FileNotFoundError(f"{path}: no such file")
     n = 0
     with path.open("rb") as f:  # bytes: a line that is not UTF-8 is reported by its number
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:  # read no further than the limit: nothing is held
+                raise DataFormatError(
+                    f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES:,} bytes (the "
+                    "limit of one record); split the document into several records")
             record = _parse_line(raw, path, lineno)
             if record is None:
                 continue
@@ -174,6 +184,9 @@ def _parse_line(raw: bytes, path: Path, lineno: int) -> object | None:
             from None
     except RecursionError:  # json recurses once per nesting level
         raise DataFormatError(f"{path}:{lineno}: JSON nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits (Python's own limit)
+        raise DataFormatError(f"{path}:{lineno}: a value JSON cannot be read here ({e})") \
+            from None
 #: Bundled samples (``data/``); CC BY-SA-derived lines live in ``*_cc_by_sa.jsonl`` beside them.
 BUNDLED_FILES = {"pretrain": "pretrain_sample", "sft": "sft_sample", "dpo": "dpo_sample",
                  "agent_rl": "agent_rl"}

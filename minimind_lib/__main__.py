@@ -239,6 +239,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from minimind_lib.inference.serve.launch import API_KEY_ENV, DEFAULT_PORT, uvicorn_config
 
     port = args.port or DEFAULT_PORT
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty: give a key, or leave the option out to serve "
+                         f"without one (or set {API_KEY_ENV})")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_api_key(api_key)  # before the model loads: a key no client can send is refused now
     check_can_listen(args.host, port)
@@ -459,6 +462,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--include_path {args.include_path}: no such folder")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, got {args.limit}")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise ValueError(f"--num_fewshot must be 0 or more, got {args.num_fewshot}")
     for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # nothing downloads implicitly
         os.environ.setdefault(flag, "1")
     harness = harness_module()

@@ -221,3 +221,18 @@ def test_a_huge_message_is_cut_before_it_is_tokenised_and_keeps_the_same_tokens(
     whole = sft_example(tok, chat, 96)  # tokenised whole, then cut (the old way)
     assert cut == whole and len(cut[0]) == 96
     assert cut_ds["input_ids"].tolist() == whole[0]
+
+
+@pytest.mark.parametrize("gt, why", [([""], "empty string"), (["  "], "empty string"),
+                                     ([float("nan")], "nan"), ([1.0, float("inf")], "inf")])
+def test_an_agent_task_whose_answer_check_passes_everything_is_refused(tmp_path, gt, why):
+    from minimind_lib.training.agent_rollout import agent_task
+
+    record = {"conversations": [{"role": "user", "content": "2+2?"},
+                                {"role": "assistant", "content": ""}], "gt": gt}
+    path = tmp_path / "agent.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(DataFormatError, match=why):
+        list(read_jsonl(path, "agent_rl"))
+    with pytest.raises(DataFormatError, match=why):
+        agent_task(record, "agent.jsonl:1")

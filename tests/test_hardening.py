@@ -1059,6 +1059,15 @@ def test_a_non_ascii_api_key_is_refused_at_startup(model, tok, capsys, monkeypat
     assert "printable ASCII" in capsys.readouterr().err
 
 
+def test_an_empty_api_key_is_refused_at_startup_not_ignored(capsys, tmp_path):
+    """Issue 49: ``serve --api-key ""`` started without a key, silently."""
+    from minimind_lib.inference.serve.launch import free_port
+
+    assert main(["serve", "--port", str(free_port()), "--model", str(tmp_path / "none"),
+                 "--api-key", ""]) == 1
+    assert "--api-key is empty" in capsys.readouterr().err
+
+
 def test_docs_are_not_served_and_the_schema_needs_the_key(model, tok):
     with BackgroundServer(create_app(model, tok, api_key="k3y")) as s:
         assert httpx.get(s.url + "/docs").status_code == 404

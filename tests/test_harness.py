@@ -188,3 +188,5 @@ def test_bench_refuses_bad_input_in_one_line(setup, capsys, offline):
     assert "unknown lm-eval task(s): no_such_task" in capsys.readouterr().err
     assert main(["bench", "--model", str(REFERENCE), "--limit", "0"]) == 1
     assert "--limit must be positive" in capsys.readouterr().err
+    assert main(["bench", "--model", str(REFERENCE), "--num_fewshot", "-1"]) == 1  # issue 49
+    assert "--num_fewshot must be 0 or more, got -1" in capsys.readouterr().err

@@ -239,3 +239,19 @@ def test_the_terminal_chat_shows_calls_results_and_the_answer():
     assert text.rstrip().endswith("minimind> hi!")
     assert "<tool_response>" not in model.prompts[2]  # /reset forgot the first exchange
     assert model.prompts[0].endswith("<|im_start|>assistant\n<think>\n")  # thinking on
+
+
+# --- issue 49: answers the tools gave to questions they should refuse -------------------------
+
+
+def test_zero_to_a_negative_power_is_a_division_by_zero():
+    assert json.loads(execute_tool("calculate", {"expression": "0**-1"})) == {
+        "error": "division by zero"}
+    assert json.loads(execute_tool("calculate", {"expression": "0**0"})) == {"result": "1"}
+
+
+@pytest.mark.parametrize("date", ["20200101", "2020-W01-1", "2020-1-5", "2020-01-01T00:00",
+                                  " 2020-001"])
+def test_dates_must_be_written_yyyy_mm_dd(date):
+    assert "YYYY-MM-DD" in json.loads(execute_tool("weekday", {"date": date}))["error"]
+    assert json.loads(execute_tool("weekday", {"date": "2020-01-01"})) == {"result": "Wednesday"}

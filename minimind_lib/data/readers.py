@@ -21,6 +21,7 @@ file, the line and what is wrong, e.g. ``data/x.jsonl:3: field 'text' is missing
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,25 @@ def _check_gt(record: dict) -> str | None:
     if not isinstance(gt, list) or not all(
             isinstance(g, str | int | float) and not isinstance(g, bool) for g in gt):
         return f"field 'gt' must be a list of strings or numbers, got {gt!r:.80}"
+    return gt_problem(gt)
+
+
+def gt_problem(gt: list) -> str | None:
+    """An entry of ``gt`` no answer can be checked against: an empty string (every answer
+    contains it) or a number that is not finite (NaN, inf); None when all can be.
+
+    >>> gt_problem(["9472", 12.5]) is None
+    True
+    >>> gt_problem([""])
+    "field 'gt' holds an empty string: every answer contains it"
+    >>> gt_problem([float("nan")])
+    "field 'gt' holds nan: not a number an answer can contain"
+    """
+    for g in gt:
+        if isinstance(g, str) and not g.strip():
+            return "field 'gt' holds an empty string: every answer contains it"
+        if isinstance(g, float) and not math.isfinite(g):
+            return f"field 'gt' holds {g}: not a number an answer can contain"
     return None
 
 

@@ -76,6 +76,8 @@ def _power(base: Number, exponent: Number) -> Number:
     e = int(exponent)
     if abs(e) > MAX_EXPONENT:
         raise CalculatorError(f"the exponent {e} is beyond ±{MAX_EXPONENT}")
+    if base == 0 and e < 0:  # 0 ** -1 is 1 / 0
+        raise CalculatorError("division by zero")
     if base != 0 and abs(e) * math.log10(abs(float(base)) or 1) > MAX_DIGITS:
         raise CalculatorError(f"the result would have more than {MAX_DIGITS} digits")
     if e < 0 or isinstance(base, Decimal):

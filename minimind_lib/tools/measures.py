@@ -10,6 +10,7 @@ factors (an inch is 0.0254 m by definition), ISO dates, and an error naming the 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal, InvalidOperation
 
 #: unit -> (quantity, size in the quantity's base unit: metre, kilogram, second, litre)
@@ -77,11 +78,18 @@ def convert_units(value: object, from_unit: object, to_unit: object) -> str:
     return _text(number * size / to_size)
 
 
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _date(value: object, field: str) -> dt.date:
     if not isinstance(value, str):
         raise ValueError(f"{field} must be a date string YYYY-MM-DD, got {type(value).__name__}")
+    text = value.strip()
+    # exactly YYYY-MM-DD: fromisoformat alone also reads 20200101 and 2020-W01-1
+    if not _ISO_DATE.fullmatch(text):
+        raise ValueError(f"{field} {value!r:.40} is not a date YYYY-MM-DD")
     try:
-        return dt.date.fromisoformat(value.strip() if len(value) < 40 else "")
+        return dt.date.fromisoformat(text)
     except ValueError:
         raise ValueError(f"{field} {value!r:.40} is not a date YYYY-MM-DD") from None
 

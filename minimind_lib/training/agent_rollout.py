@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from minimind_lib.data.readers import DataFormatError
+from minimind_lib.data.readers import DataFormatError, gt_problem
 from minimind_lib.evaluation.questions import reply
 from minimind_lib.model.decoder import IGNORE_INDEX
 from minimind_lib.model.generation import generate_many
@@ -99,6 +99,8 @@ def agent_task(record: dict, where: str = "record") -> AgentTask:
         raise DataFormatError(f"{where}: 'gt' must be a list of strings or numbers (what a "
                               f"right final answer contains; [] for a task needing no tool), "
                               f"got {gt!r:.80}")
+    if gt_problem(gt):
+        raise DataFormatError(f"{where}: {gt_problem(gt)}")
     plain = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
     return AgentTask(plain, tools or [], [str(g) for g in gt],
                      answer if isinstance(answer, str) else None,

@@ -345,3 +345,16 @@ def test_every_solution_asserts_that_its_checks_say_correct():
         asserted = set(re.findall(r"""assert exercise\(\s*["'](\d\d\.\d+)["']""", source))
         assert asserted == _asked(solution), (
             f"{solution.name}: not asserted: {sorted(_asked(solution) - asserted)}")
+
+
+def test_a_right_answer_computed_in_float32_is_right():
+    """Issue 49.11: 16.2 rejected a correct float32 answer ("got 4.130373, expected 4.130373")."""
+    def soft_ce_float32(s, t, T):
+        p_t, log_p_s = torch.softmax(t.float() / T, -1), torch.log_softmax(s.float() / T, -1)
+        return T ** 2 * -(p_t * log_p_s).sum(-1).mean()
+
+    def kd_gradient_float32(s, t, T):
+        s, t = s.float(), t.float()
+        return T * (torch.softmax(s / T, -1) - torch.softmax(t / T, -1)) / len(s)
+
+    assert exercise("16.2", soft_ce_float32) and exercise("16.1", kd_gradient_float32)

@@ -358,3 +358,79 @@ def test_a_right_answer_computed_in_float32_is_right():
         return T * (torch.softmax(s / T, -1) - torch.softmax(t / T, -1)) / len(s)
 
     assert exercise("16.2", soft_ce_float32) and exercise("16.1", kd_gradient_float32)
+
+
+def _parser_keeping_everything(text):
+    """14.1, wrong: does not check the name and the arguments' types, keeps extra keys."""
+    calls = []
+    for block in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
+        try:
+            call = json.loads(block)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(call, dict) and "name" in call:
+            args = call.get("arguments", {})
+            calls.append({**call, "arguments": json.loads(args) if isinstance(args, str)
+                          else args})
+    return calls
+
+
+def _walker_allowing(*extra):
+    """14.2, wrong: the four operators and unary minus, plus ``extra`` AST node types."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.Mod: operator.mod, ast.FloorDiv: operator.floordiv,
+           ast.Lt: operator.lt}
+
+    def walk(node):
+        if isinstance(node, ast.Constant) and not isinstance(node.value, str | bool | None):
+            if isinstance(node.value, complex) and complex not in extra:
+                raise ValueError("complex")
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in extra:
+            return operator.pos(walk(node.operand)) if isinstance(node.op, ast.UAdd) else \
+                not walk(node.operand)
+        if isinstance(node, ast.BinOp) and (type(node.op) in (ast.Add, ast.Sub, ast.Mult,
+                                                               ast.Div) or type(node.op) in extra):
+            return ops[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.Compare) and ast.Compare in extra:
+            return ops[type(node.ops[0])](walk(node.left), walk(node.comparators[0]))
+        raise ValueError(type(node).__name__)
+    return walk
+
+
+def _same_call_loosely(extra_keys=False, bool_as_int=False, any_case=False):
+    """14.3, wrong in one way each."""
+    def same(got, want):
+        if got is None or got["name"] != want["name"]:
+            return False
+        a, b = got["arguments"], want["arguments"]
+        if not extra_keys and set(a) != set(b) or not set(b) <= set(a):
+            return False
+        for key, expected in b.items():
+            value = a[key]
+            if isinstance(expected, int | float):
+                if (isinstance(value, bool) and not bool_as_int) or isinstance(value, str) \
+                        or value != expected:
+                    return False
+            elif (value.strip().lower() != expected.strip().lower() if any_case
+                  else value.strip() != expected.strip()):
+                return False
+        return True
+    return same
+
+
+@pytest.mark.parametrize("exercise_id, wrong", [
+    ("14.1", _parser_keeping_everything),
+    ("14.2", _walker_allowing(ast.Mod, ast.FloorDiv)),
+    ("14.2", _walker_allowing(ast.UAdd, ast.Not)),
+    ("14.2", _walker_allowing(ast.Compare, complex)),
+    ("14.3", _same_call_loosely(extra_keys=True)),
+    ("14.3", _same_call_loosely(bool_as_int=True)),
+    ("14.3", _same_call_loosely(any_case=True)),
+], ids=["14.1 keeps anything", "14.2 % and //", "14.2 +x and not", "14.2 < and complex",
+        "14.3 extra keys", "14.3 True as 1", "14.3 any case"])
+def test_notebook_14s_checks_refuse_the_wrong_answers_issue_49_found(exercise_id, wrong):
+    with pytest.raises(AssertionError):
+        exercise(exercise_id, wrong)

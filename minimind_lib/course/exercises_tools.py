@@ -20,6 +20,9 @@ _REPLIES = [f"{TOOL_CALL}\n{body}\n{TOOL_CALL_END}" for body in (
     '{"name": "calculate", "arguments": "{\\"expression\\": \\"7*6\\"}"}',  # a JSON string
     '{"name": "calculate", "arguments": {oops}',  # not JSON
     '["not", "an", "object"]',
+    '{"name": 5, "arguments": {"expression": "1+1"}}',  # a name that is not a string
+    '{"name": "calculate", "arguments": ["1+1"]}',  # arguments that are not an object
+    '{"name": "weekday", "arguments": {"date": "2026-04-01"}, "id": "c1"}',  # an extra key
 )] + [
     f'Two calls.\n{TOOL_CALL}\n{{"name": "calculate", "arguments": {{"expression": "2+2"}}}}'
     f'\n{TOOL_CALL_END}\n{TOOL_CALL}\n{{"name": "poem_author", "arguments": {{"title": '
@@ -75,7 +78,8 @@ def _walk_arithmetic(answer: Callable) -> None:
     cases = {"1 + 2 * 3": 7, "(1 + 2) * 3": 9, "-4 / 8": -0.5, "2.5 * 4 - 1": 9.0,
              "-(3 - 10)": 7}
     hostile = ("__import__('os').getcwd()", "x + 1", "2 ** 10", "(1).__class__", "[1, 2]",
-               "'a' * 3", "True + 1")
+               "'a' * 3", "True + 1", "7 % 3", "7 // 2", "+5", "not 1", "1 < 2", "2j",
+               "-True")
     trees = {text: ast.parse(text, mode="eval").body for text in (*cases, *hostile)}
     with _no_eval():
         for text, want in cases.items():
@@ -98,22 +102,29 @@ def _same_call(answer: Callable) -> None:
     expected ``want``: same tool, arguments equal after parsing (``same_arguments``)."""
     want = {"name": "convert_units", "arguments": {"value": 3, "from_unit": "km",
                                                    "to_unit": "m"}}
+    one = {"name": "convert_units", "arguments": {"value": 1, "from_unit": "km",
+                                                  "to_unit": "m"}}
     cases = [
-        (want, True), (None, False),
+        (want, want), (None, want),
         ({"name": "convert_units", "arguments": {"value": 3.0, "from_unit": "km",
-                                                 "to_unit": "m"}}, True),
+                                                 "to_unit": "m"}}, want),
         ({"name": "convert_units", "arguments": {"value": 3, "from_unit": " km",
-                                                 "to_unit": "m"}}, True),
-        ({"name": "calculate", "arguments": want["arguments"]}, False),
+                                                 "to_unit": "m"}}, want),
+        ({"name": "calculate", "arguments": want["arguments"]}, want),
         ({"name": "convert_units", "arguments": {"value": "3", "from_unit": "km",
-                                                 "to_unit": "m"}}, False),
-        ({"name": "convert_units", "arguments": {"value": 3, "from_unit": "km"}}, False),
+                                                 "to_unit": "m"}}, want),
+        ({"name": "convert_units", "arguments": {"value": 3, "from_unit": "km"}}, want),
+        ({"name": "convert_units", "arguments": {**want["arguments"], "round": 2}}, want),
+        ({"name": "convert_units", "arguments": {**one["arguments"], "value": True}}, one),
+        ({"name": "convert_units", "arguments": {**want["arguments"], "from_unit": "KM"}},
+         want),
     ]
-    for got, right in cases:
-        verdict = _answer(answer, got, want)
-        expected = right and got is not None and got["name"] == want["name"] and \
-            same_arguments(got["arguments"], want["arguments"])
-        assert verdict == expected, f"{got}: your answer says {verdict}, expected {expected}"
+    for got, wanted in cases:
+        verdict = _answer(answer, got, wanted)
+        expected = got is not None and got["name"] == wanted["name"] and \
+            same_arguments(got["arguments"], wanted["arguments"])
+        assert verdict == expected, (f"{got} against {wanted['arguments']}: your answer says "
+                                     f"{verdict}, expected {expected}")
 
 
 #: exercise id -> its check (``course.exercises`` registers them)

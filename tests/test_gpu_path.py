@@ -398,3 +398,38 @@ def test_load_pretrained_minimind_moe_pth(tmp_path):
     ids = torch.randint(0, config.vocab_size, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, ours(ids).logits, rtol=0, atol=0)
+
+
+# --- issue 49.7: download without a network, or to a place that is not a folder --------------
+
+
+def test_download_refuses_a_destination_that_is_not_a_folder_before_fetching(tmp_path, capsys,
+                                                                               monkeypatch):
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the network was touched")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    afile = tmp_path / "passwd"
+    afile.write_text("root:x:0:0\n")
+    assert main(["download", "model", "--to", str(afile)]) == 1
+    assert "a file is there, not a folder" in capsys.readouterr().err
+    assert main(["download", "model", "--to", str(afile / "sub")]) == 1
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_download_without_a_network_fails_at_once_saying_how_to_work_offline(tmp_path, capsys,
+                                                                             monkeypatch):
+    import socket
+
+    def no_dns(address, timeout=None):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", no_dns)
+    assert main(["download", "model", "--repo", "no-such-owner/x", "--to",
+                 str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach huggingface.co (Name or service not known)" in err
+    assert "HF_HUB_OFFLINE=1" in err and "Traceback" not in err

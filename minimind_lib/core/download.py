@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+from urllib.parse import urlparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -194,6 +196,7 @@ def download(name: str, to: str | os.PathLike | None = None, *, source: str = "h
         artifact = replace(artifact, repos=_model_repos(model),
                            default_dir=artifact.default_dir.parent / model)
     dest = Path(to) if to is not None else default_dir(artifact)
+    check_destination(dest)
     repo_id = repo_id or artifact.repos[source]
     if source == "modelscope":
         return _modelscope(artifact, repo_id, dest, say)
@@ -212,10 +215,39 @@ def download(name: str, to: str | os.PathLike | None = None, *, source: str = "h
     return _huggingface(artifact, repo_id, dest, say)
 
 
+def check_destination(dest: Path) -> None:
+    """``--to`` must be a folder, or one that can be made: refused before anything is fetched
+    (a file there, or a parent that is not a folder or cannot be written)."""
+    if dest.exists() and not dest.is_dir():
+        raise DownloadError(f"--to {dest}: a file is there, not a folder")
+    parent = next((p for p in (dest, *dest.parents) if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        raise DownloadError(f"--to {dest}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DownloadError(f"--to {dest}: {parent} cannot be written")
+
+
+def check_reachable(endpoint: str | None = None, timeout: float = 5.0) -> None:
+    """Fail fast, with what to do, when the hub's host cannot be reached (no network, no DNS):
+    huggingface_hub would otherwise retry for half a minute and end in a ``ConnectError``."""
+    url = urlparse(endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http"
+                                                                 else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise DownloadError(
+            f"cannot reach {host} ({e.strerror or e}): to work offline, set HF_HUB_OFFLINE=1 "
+            "and point HF_HUB_CACHE at a hub cache that holds the files (or copy the files "
+            "into --to yourself); --source modelscope uses another host") from None
+
+
 def _huggingface(artifact: Artifact, repo_id: str, dest: Path,
                  say: Callable[[str], None]) -> Path:
     from huggingface_hub import hf_hub_download
 
+    check_reachable()
     sizes = remote_sizes(artifact, repo_id)
     say(f"{repo_id}: {len(sizes)} file(s), {human_bytes(sum(sizes.values()))} -> {dest} "
         "(resumable: run again to continue an interrupted download)")

@@ -24,10 +24,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from urllib.parse import urlparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 from minimind_lib import DATA_DIR
 from minimind_lib.core.device import human_bytes

@@ -681,3 +681,40 @@ def test_the_vision_stage_in_the_smoke_profile(smoke_runs, tmp_path):
     assert (out / "vlm" / "tokenizer.json").is_file()
     summary = json.loads((out / MARKER_FILE).read_text())["summary"]
     assert summary["vqa_chance"] == result["vqa_chance"]
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
+def test_the_server_reads_the_usual_picture_formats(fmt):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from minimind_lib.vision.pictures import image_from_data_url
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(buf, format=fmt)
+    url = f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+    assert image_from_data_url(url, 8).shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "PPM", "ICO", "EPS"])
+def test_other_picture_formats_are_refused_unread(fmt):
+    """Issue 49: every Pillow format was accepted (an EPS goes to Ghostscript where it is
+    installed). EPS is written by hand: Pillow writes it only with Ghostscript."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from minimind_lib.vision.pictures import image_from_data_url
+
+    if fmt == "EPS":
+        raw = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n%%EndComments\nshowpage\n"
+    else:
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, format=fmt)
+        raw = buf.getvalue()
+    url = "data:image/x;base64," + base64.b64encode(raw).decode()
+    with pytest.raises(ValueError, match="it reads PNG, JPEG, WEBP, GIF, BMP"):
+        image_from_data_url(url, 8)

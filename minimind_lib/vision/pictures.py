@@ -29,6 +29,10 @@ def data_url(image: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+#: The picture formats the server decodes (Pillow's names); anything else is refused unread.
+PICTURE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+
+
 def image_from_data_url(url: str, size: int) -> np.ndarray:
     """The picture of a ``data:image/...;base64,...`` URL as (size, size, 3) uint8 RGB, resized
     when it is another size; anything else (a web link, broken base64, bytes that are no
@@ -58,13 +62,14 @@ def image_from_data_url(url: str, size: int) -> np.ndarray:
     try:
         with warnings.catch_warnings():  # PIL's own bomb warning: the header check decides
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            opened = Image.open(io.BytesIO(raw))  # reads the header only
+            # only these decoders: Pillow would hand an EPS to Ghostscript, where installed
+            opened = Image.open(io.BytesIO(raw), formats=PICTURE_FORMATS)  # the header only
         with opened:
             _check_header(opened)
             picture = opened.convert("RGB")
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
-        raise ValueError(f"image_url: the data is not a picture this server reads ({e})"
-                         ) from None
+        raise ValueError(f"image_url: the data is not a picture this server reads (it reads "
+                         f"{', '.join(PICTURE_FORMATS)}; {e})") from None
     if picture.size != (size, size):
         picture = picture.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(picture, dtype=np.uint8)

@@ -1140,3 +1140,25 @@ def test_a_start_model_with_another_tokenizer_is_refused_by_name(tmp_path):
         ctx.start_dir()
     load_tokenizer().save(old / "tokenizer.json")
     assert ctx.start_dir() == old
+
+
+def test_a_body_that_does_not_arrive_gets_408_and_the_connection_closes(model, tok):
+    """Issue 49: a partial POST stayed open past 45 s (uvicorn bounds headers, not bodies)."""
+    import socket
+    import time
+
+    with BackgroundServer(create_app(model, tok, body_timeout=1.0)) as s:
+        host, port = s.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                         b'{"messages": ')
+            start = time.monotonic()
+            reply = b""
+            while chunk := conn.recv(4096):  # until the server closes the connection
+                reply += chunk
+            assert time.monotonic() - start < 8
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
+        ok = httpx.post(s.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert ok.status_code == 200  # a whole body is read as before

@@ -82,6 +82,7 @@ from minimind_lib.inference.chat import (
     context_length,
     stop_ids,
 )
+from minimind_lib.inference.serve.body import BODY_TIMEOUT_S, BodySizeLimit
 from minimind_lib.inference.serve.engine import (
     MAX_BATCH,
     MAX_WAITING,
@@ -268,13 +269,15 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
                default_max_new_tokens: int = 256, api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_waiting: int = MAX_WAITING,
                max_batch: int = MAX_BATCH, model_card: Mapping[str, object] | None = None,
-               allowed_hosts: Sequence[str] | None = None) -> FastAPI:
+               allowed_hosts: Sequence[str] | None = None,
+               body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving ``model`` (see the module docstring for the endpoints).
 
     ``model_name`` is what ``GET /v1/models`` lists and responses echo;
     ``default_max_new_tokens`` applies when a request does not say (capped by the context);
     ``api_key``, when set, is required as ``Authorization: Bearer <key>``; a body over
-    ``max_body_bytes`` is refused (413), and so is a request when ``max_waiting`` wait (503);
+    ``max_body_bytes`` is refused (413), one that takes over ``body_timeout`` seconds to
+    arrive too (408), and so is a request when ``max_waiting`` wait (503);
     up to ``max_batch`` requests decode together.
     ``model_card`` adds fields to the model's ``/v1/models`` entry (the CLI: profile, stage)
     beside its parameter count. ``allowed_hosts``, when given, are the only ``Host`` names
@@ -302,7 +305,7 @@ def create_app(model: nn.Module, tokenizer: BPETokenizer, *, model_name: str = "
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(ClientGone, client_gone)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     app.add_middleware(InternalErrors)
     if allowed_hosts is not None:  # outermost: a foreign Host gets nothing else
         app.add_middleware(HostAllowList, hosts=tuple(allowed_hosts))
@@ -364,38 +367,6 @@ class HostAllowList:
             return await JSONResponse(error_body(message, "Host"), status_code=400)(
                 scope, receive, send)
         await self.app(scope, receive, send)
-
-
-class BodySizeLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets 413, before it is read whole
-    (at once when ``Content-Length`` says so; else as soon as the bytes received pass it)."""
-
-    def __init__(self, app: object, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    def _too_large(self) -> HTTPException:
-        return HTTPException(413, f"the request body is over this server's limit of "
-                                  f"{self.max_bytes:,} bytes")
-
-    async def __call__(self, scope: dict, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            response = await http_error(None, self._too_large())
-            response.headers["Connection"] = "close"  # the unread body ends the connection
-            return await response(scope, receive, send)
-        seen = 0
-
-        async def limited_receive() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise self._too_large()  # FastAPI passes an HTTPException on to http_error
-            return message
-
-        await self.app(scope, limited_receive, send)
 
 
 class InternalErrors:

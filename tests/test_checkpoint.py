@@ -125,3 +125,22 @@ def test_keep_several_checkpoints(tmp_path):
 
 def test_no_checkpoint_gives_none(tmp_path):
     assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_libraries_disk_full_error_is_named_with_the_path_whatever_space_is_left(tmp_path):
+    """Issue 49.6: ``export --format hf`` on a full disk said ``SafetensorError ... No space
+    left on device`` naming no path (the partial file was gone, so the disk looked free)."""
+    import errno
+
+    from minimind_lib.core.atomic import disk_full_named
+
+    class SafetensorError(Exception):
+        pass
+
+    target = tmp_path / "hf"
+    with pytest.raises(OSError) as e, disk_full_named(target):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" })")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(target)
+    with pytest.raises(ValueError, match="unrelated"), disk_full_named(target):
+        raise ValueError("unrelated")

@@ -63,7 +63,12 @@ def disk_full_named(path: str | Path) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC or _nearly_full(Path(path)):
+        full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+        # a library's own error may carry only the words (safetensors: "os error 28", Rust's
+        # "StorageFull"), and its partial file may be gone by now, freeing the space again
+        said = any(w in str(e) for w in ("No space left on device", "os error 28",
+                                        "StorageFull"))
+        if full or said or _nearly_full(Path(path)):
             raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
         raise
 

@@ -190,3 +190,14 @@ def test_bench_refuses_bad_input_in_one_line(setup, capsys, offline):
     assert "--limit must be positive" in capsys.readouterr().err
     assert main(["bench", "--model", str(REFERENCE), "--num_fewshot", "-1"]) == 1  # issue 49
     assert "--num_fewshot must be 0 or more, got -1" in capsys.readouterr().err
+
+
+def test_a_yaml_task_that_does_not_parse_is_named_not_called_unknown(tmp_path, capsys, offline):
+    """Issue 49: lm-eval skips a YAML file it cannot parse, so its task was 'unknown'."""
+    (tmp_path / "good.yaml").write_text("task: fine_task\nprocess_docs: !function utils.f\n")
+    (tmp_path / "broken.yaml").write_text("task: my_task\ndataset_path: [unclosed\n")
+    assert main(["bench", "--model", str(REFERENCE), "--tasks", "my_task",
+                 "--include_path", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "a task file does not parse" in err and "broken.yaml:3:1" in err
+    assert "good.yaml" not in err and "unknown lm-eval task" not in err

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
@@ -162,6 +163,28 @@ PUBLISHED = {
 }
 
 
+def yaml_problems(folder: str | Path) -> list[str]:
+    """``file:line:column: what`` for each YAML file under ``folder`` that does not parse
+    (lm-eval's ``!function`` tags are accepted as they are)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    problems = []
+    for path in sorted(Path(folder).rglob("*.y*ml")):
+        try:
+            yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 (safe)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            problems.append(f"{where}: {getattr(e, 'problem', None) or e}")
+        except UnicodeDecodeError as e:
+            problems.append(f"{path}: not UTF-8 ({e.reason})")
+    return problems
+
+
 def task_manager(tasks: Sequence[str], include_path: str | None = None):
     """lm-eval's ``TaskManager`` (with the local YAML tasks of ``include_path``), after checking
     that it knows every one of ``tasks``."""
@@ -169,6 +192,10 @@ def task_manager(tasks: Sequence[str], include_path: str | None = None):
 
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     unknown = [t for t in tasks if t not in manager.all_tasks]
+    broken = yaml_problems(include_path) if unknown and include_path else []
+    if broken:  # lm-eval skips a file it cannot parse; its task then looks unknown
+        raise ValueError(f"a task file does not parse, so its task is missing: {broken[0]}"
+                         + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""))
     if unknown:
         raise ValueError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with "
                          "`lm_eval ls tasks`; a local YAML task needs --include_path DIR)")

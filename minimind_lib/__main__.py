@@ -493,6 +493,35 @@ COMMANDS["export"] = ("write a model folder as GGUF (llama.cpp, Ollama) or a Hug
                       add_export_arguments, run_export)
 
 
+def add_lm_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lm_eval_args", nargs=argparse.REMAINDER,
+                        help="lm_eval's own arguments, e.g. --model minimind --model_args "
+                             "pretrained=DIR --tasks arc_easy (see `lm-eval --help`)")
+
+
+def run_lm_eval(args: argparse.Namespace) -> int:
+    """lm-evaluation-harness's own command line, with the course's model registered as
+    ``--model minimind`` (lm-eval discovers no plugins, so its ``lm_eval`` command alone cannot
+    find it); every lm-eval flag passes through."""
+    harness_module()  # registers "minimind" with lm-eval (or says how to install lm-eval)
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm_eval", *args.lm_eval_args]
+    try:
+        cli_evaluate()
+    except SystemExit as e:  # lm-eval's argparse and its own exits
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+COMMANDS["lm-eval"] = ("lm-evaluation-harness's own CLI with the course's model as --model "
+                       "minimind (every lm-eval flag passes through)", add_lm_eval_arguments,
+                       run_lm_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minimind_lib",
                                      description="MiniMind from Scratch: run the course's stages.")
@@ -525,7 +554,11 @@ def describe_error(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # lm-eval's flags are its own: argparse would claim them
+        args = argparse.Namespace(func=run_lm_eval, lm_eval_args=argv[1:], debug=False)
+    else:
+        args = build_parser().parse_args(argv)
     if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         return args.func(args)
     try:

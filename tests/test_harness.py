@@ -7,11 +7,13 @@ task and a local perplexity task (YAML tasks over jsonl files written here) go t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 
 import pytest
+import torch
 
 lm_eval = pytest.importorskip(
     "lm_eval", reason="lm-evaluation-harness is not installed: `make eval-harness` or "
@@ -201,3 +203,18 @@ def test_a_yaml_task_that_does_not_parse_is_named_not_called_unknown(tmp_path, c
     err = capsys.readouterr().err
     assert "a task file does not parse" in err and "broken.yaml:3:1" in err
     assert "good.yaml" not in err and "unknown lm-eval task" not in err
+
+
+def test_lm_evals_own_cli_runs_the_course_model_without_a_device_flag(setup, capsys, offline):
+    """Issue 49.9: ``lm_eval --model minimind`` could not find the model (lm-eval discovers
+    no plugins), and without ``--device`` lm-eval hands the adapter "cuda", which a CPU machine
+    lacks: the adapter now falls back with a warning."""
+    root = setup["root"]
+    with pytest.warns(UserWarning, match="not available on this machine") if not \
+            torch.cuda.is_available() else contextlib.nullcontext():
+        code = main(["lm-eval", "run", "--model", "minimind", "--model_args",
+                     f"pretrained={REFERENCE}", "--tasks", "course_mc", "--include_path",
+                     str(root), "--limit", "8", "--batch_size", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "course_mc" in out and "acc" in out

@@ -28,14 +28,17 @@ the command that fetches the tasks' datasets into the Hugging Face cache.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from torch import nn
 
+from minimind_lib.core.device import pick_device
 from minimind_lib.evaluation.multiple_choice import continuation_logprobs, encode_pair
 from minimind_lib.evaluation.perplexity import text_logprobs
 from minimind_lib.inference.loading import load_for_serving
@@ -54,6 +57,27 @@ def _positive(value: object, name: str) -> int:
     return int(value)
 
 
+def usable_device(name: str | None) -> str | None:
+    """``name`` when this machine has it; else None (the best there is) and a warning naming
+    it: lm-eval's CLI passes ``cuda`` unless told otherwise, and its own ``hf`` model falls
+    back the same way.
+
+    >>> usable_device("cpu"), usable_device(None)
+    ('cpu', None)
+    """
+    if name is None:
+        return None
+    kind = torch.device(name).type
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": getattr(torch.backends, "mps", None) is not None
+                 and torch.backends.mps.is_available()}
+    if available.get(kind, False):
+        return name
+    warnings.warn(f"device {name!r} is not available on this machine; using "
+                  f"{pick_device().type} instead", stacklevel=2)
+    return None
+
+
 @register_model("minimind")
 class MiniMindLM(LM):
     """lm-eval's ``LM`` over a course model. ``pretrained``: a model folder or file (see
@@ -68,7 +92,7 @@ class MiniMindLM(LM):
         if (pretrained is None) == (model is None):
             raise ValueError("minimind model: give pretrained=DIR or a model object, not both")
         if model is None:
-            model, tokenizer = load_for_serving(pretrained, device)
+            model, tokenizer = load_for_serving(pretrained, usable_device(device))
         elif tokenizer is None:
             raise ValueError("minimind model: a model object needs its tokenizer")
         self.model, self.tok = model.eval(), tokenizer

@@ -144,3 +144,23 @@ def test_a_libraries_disk_full_error_is_named_with_the_path_whatever_space_is_le
     assert e.value.errno == errno.ENOSPC and e.value.filename == str(target)
     with pytest.raises(ValueError, match="unrelated"), disk_full_named(target):
         raise ValueError("unrelated")
+
+
+def test_a_device_problem_is_not_called_a_checkpoint_mismatch(tmp_path, monkeypatch):
+    """Issue 49.9: 'pin_memory=True requires a CUDA device' came back as a mismatch."""
+    import safetensors.torch
+
+    from minimind_lib.model.checkpoint import CheckpointMismatchError, load_weights
+
+    model = MiniMindForCausalLM(MiniMindConfig(vocab_size=16, hidden_size=16,
+                                               num_hidden_layers=1, num_attention_heads=2,
+                                               num_key_value_heads=1))
+    save_model(model, tmp_path / "m")
+
+    def no_cuda(*args, **kwargs):
+        raise RuntimeError("Attempted to set pin_memory=True, which requires a CUDA device")
+
+    monkeypatch.setattr(safetensors.torch, "load_model", no_cuda)
+    with pytest.raises(RuntimeError, match="could not be placed on cuda") as e:
+        load_weights(model, tmp_path / "m" / "model.safetensors", device="cuda")
+    assert not isinstance(e.value, CheckpointMismatchError)

@@ -97,6 +97,11 @@ def load_weights(module: nn.Module, path: str | Path, device: str | torch.device
                               f"or incomplete: save or copy it again") from None
     except RuntimeError as e:  # missing/unexpected keys or size mismatch from load_state_dict
         detail = " ".join(str(e).split())
+        if not any(w in detail for w in ("Missing key", "Unexpected key", "size mismatch",
+                                         "Error(s) in loading state_dict")):
+            # a device problem (a CUDA device this machine lacks, out of memory), not the file
+            raise RuntimeError(f"{path}: the weights could not be placed on {device}: "
+                               f"{detail}") from None
         raise CheckpointMismatchError(f"{path} does not fit the model: {detail}") from None
     for name, tensor in module.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):

@@ -130,3 +130,26 @@ def test_every_list_of_stages_is_the_registry(tmp_path):
     report = write_report(tmp_path).read_text()  # nothing ran: a section per stage of `all`
     titles = [s.title for s in pipeline.stages_in_all() if s.title]
     assert [line[3:] for line in report.splitlines() if line.startswith("## ")][1:] == titles
+
+
+def test_a_damaged_input_stops_the_stage_before_its_finished_run_moves(smoke_runs, tmp_path,
+                                                                         capsys):
+    """Issue 49.5: a damaged tokenizer.json was named only after the finished pretrain had
+    moved to previous/, leaving an unfinished pretrain/ that `runs` listed as done."""
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(smoke_runs, root)
+    marker = (root / "pretrain" / MARKER_FILE).read_text()
+    (root / "tokenizer" / "tokenizer.json").write_text('{"model": {"vocab": ')
+    assert main(["pretrain", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 1
+    err = capsys.readouterr().err  # the CLI reruns a stage on purpose: the case of the issue
+    assert "tokenizer.json" in err and f"tokenizer --out {root}" in err
+    assert (root / "pretrain" / MARKER_FILE).read_text() == marker  # the finished run, in place
+    assert not (root / pipeline.PREVIOUS_DIR).exists()
+    (root / "sft" / "config.json").write_text("{not json")
+    (root / "tokenizer" / "tokenizer.json").write_bytes(
+        (smoke_runs / "tokenizer" / "tokenizer.json").read_bytes())
+    assert main(["dpo", "--profile", "smoke", "--out", str(root), "--no-progress"]) == 1
+    assert "config.json" in capsys.readouterr().err
+    assert not (root / "dpo").exists() and not (root / pipeline.PREVIOUS_DIR).exists()

@@ -42,10 +42,18 @@ from minimind_lib import DATA_DIR
 from minimind_lib.core.atomic import atomic_write_text
 from minimind_lib.core.checked_files import read_json
 from minimind_lib.core.device import check_fits, pick_device
-from minimind_lib.core.filenames import MARKER_FILE, RUN_CONFIG_FILE, WEIGHTS_FILE
+from minimind_lib.core.filenames import (
+    CONFIG_FILE,
+    MARKER_FILE,
+    RUN_CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+)
 from minimind_lib.course.profiles import Profile, get_profile
 from minimind_lib.course.stages import STAGES, Stage, StageContext, get_stage, read_marker
+from minimind_lib.model.checkpoint import read_config
 from minimind_lib.model.decoder import model_size
+from minimind_lib.tokenizer.bpe import load_tokenizer
 from minimind_lib.training.distributed import init_distributed
 from minimind_lib.training.memory import CUDA_OVERHEAD_BYTES, training_memory
 from minimind_lib.training.settings import TrainSettings
@@ -240,6 +248,7 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     with lock as waited:
         if waited and not force and is_complete(stage, profile, root, init):
             return ctx.out_dir  # another process finished it while we waited
+        _check_inputs(st, root, init)  # a damaged input stops the run before anything moves
         if info.is_main and not resume:  # under the lock: a run finished meanwhile is kept too
             _keep_previous(ctx.out_dir, root, "forced" if force else None)
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
@@ -258,6 +267,25 @@ def ensure(stage: str, profile: Profile | str | None = None, *, root: str | Path
     if info.world_size > 1:
         dist.barrier()
     return ctx.out_dir
+
+
+def _check_inputs(st: Stage, root: Path, init: Path | None) -> None:
+    """Read what the stage will read from earlier stages (the tokenizer, the model it starts
+    from) before its finished folder is moved aside: a damaged file is an error naming it while
+    the last good run is still in place (issue 49)."""
+    tokenizer = root / "tokenizer" / TOKENIZER_FILE
+    if st.name != "tokenizer" and tokenizer.is_file():
+        try:
+            load_tokenizer(tokenizer)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{e} (the {st.name!r} stage reads it; rebuild it with "
+                             f"`python -m minimind_lib tokenizer --out {root}`)") from None
+    start = init or (root / st.starts_from if st.starts_from else None)
+    if start is not None and (start / CONFIG_FILE).is_file():
+        read_config(start)  # a damaged config.json names itself
+        if not (start / WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"{start / WEIGHTS_FILE}: the model the {st.name!r} stage "
+                                    "starts from has no weights")
 
 
 def _check_init(st: Stage, init: str | Path | None) -> Path | None:

@@ -97,19 +97,23 @@ def cjk_font() -> str | None:
 
 
 def token_labels(texts: Sequence[str], cjk: bool | None = None) -> tuple[list[str], str]:
-    """Plot labels for token ``texts`` and a legend: each text as itself (newlines as ↵) when
-    it can be drawn; without a Chinese font (``cjk`` False, or None and ``cjk_font()`` finds
-    none) a text holding a character beyond U+2FFF becomes ``#k``, and the legend (print it
-    beside the plot) says what each ``#k`` is.
+    """Plot labels for token ``texts`` and a legend: each text as itself (newlines as ↵, a
+    leading or trailing space as ␣, so ``"7"`` and ``" 7"`` are two labels) when it can be
+    drawn; without a Chinese font (``cjk`` False, or None and ``cjk_font()`` finds none) a text
+    holding a character beyond U+2FFF becomes ``#k``, and the legend (print it beside the plot)
+    says what each ``#k`` is.
 
-    >>> token_labels(["The", " cat", "你好", "\\n"], cjk=False)
-    (['The', ' cat', '#2', '↵'], '#2 = 你好')
+    >>> token_labels(["The", " cat", "你好", "\\n", "7", " 7"], cjk=False)
+    (['The', '␣cat', '#2', '↵', '7', '␣7'], '#2 = 你好')
     """
     if cjk is None:
         cjk = cjk_font() is not None
     labels, legend = [], []
     for k, text in enumerate(texts):
         shown = text.replace("\n", "↵")
+        body = shown.strip(" ")
+        shown = ("␣" * (len(shown) - len(shown.lstrip(" "))) + body
+                 + "␣" * (len(shown) - len(shown.rstrip(" "))) if body else "␣" * len(shown))
         if not cjk and any(ord(c) > 0x2FFF for c in text):
             labels.append(f"#{k}")
             legend.append(f"#{k} = {shown}")

@@ -65,11 +65,7 @@ def section_index(tok) -> None:
 
     vocab = vocabulary(tok)
     stop = tok.token_to_id("<|im_end|>")
-    by_bytes: dict[bytes, list[int]] = {}
-    for i, data in enumerate(vocab.token_bytes):
-        if i not in vocab.special:
-            by_bytes.setdefault(data, []).append(i)
-    theirs_vocab = outlines_core.Vocabulary(stop, by_bytes)
+    theirs_vocab = outlines_core.Vocabulary(stop, vocab.by_bytes())
     ours_vocab = TokenVocabulary(vocab.token_bytes, vocab.special, {stop})
     print("| grammar | states | ours: automaton + index (s) | outlines-core (s) |")
     print("|---|---:|---:|---:|")

@@ -114,11 +114,7 @@ def test_allowed_tokens_equal_outlines_core_at_every_step():
 
     vocab = vocabulary(TOK)
     stop = TOK.token_to_id("<|im_end|>")
-    by_bytes: dict[bytes, list[int]] = {}
-    for i, data in enumerate(vocab.token_bytes):
-        if i not in vocab.special:
-            by_bytes.setdefault(data, []).append(i)
-    theirs_vocab = outlines_core.Vocabulary(stop, by_bytes)
+    theirs_vocab = outlines_core.Vocabulary(stop, vocab.by_bytes())
     ours_vocab = TokenVocabulary(vocab.token_bytes, vocab.special, {stop})
     rng = random.Random(1)
     compared = 0

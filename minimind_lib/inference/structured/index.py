@@ -56,6 +56,15 @@ class TokenVocabulary:
     def size(self) -> int:
         return len(self.token_bytes)
 
+    def by_bytes(self) -> dict[bytes, list[int]]:
+        """The ordinary (not special) tokens' ids by their bytes: the form outlines-core's
+        ``Vocabulary`` takes (tests and ``benchmarks/structured_bench.py`` compare with it)."""
+        out: dict[bytes, list[int]] = {}
+        for token_id, data in enumerate(self.token_bytes):
+            if token_id not in self.special and data:
+                out.setdefault(data, []).append(token_id)
+        return out
+
     @classmethod
     def from_tokenizer(cls, tokenizer, stop_ids: Iterable[int] = ()) -> TokenVocabulary:
         """The course tokenizer's (``BPETokenizer``) vocabulary; ``stop_ids`` default to the

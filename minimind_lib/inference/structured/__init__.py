@@ -16,7 +16,6 @@ from minimind_lib.inference.structured.grammar import (
     Constraint,
     call_schema,
     constrain,
-    constrain_regex,
     constrain_reply,
     constrain_tool_calls,
     tool_grammar,
@@ -26,6 +25,6 @@ from minimind_lib.inference.structured.index import GrammarState, TokenIndex, To
 from minimind_lib.inference.structured.schema import SchemaError, schema_to_regex, validate
 
 __all__ = ["DFA", "Constraint", "GrammarState", "SchemaError", "TokenIndex", "TokenVocabulary",
-           "call_schema", "compile_regex", "constrain", "constrain_regex", "constrain_reply",
+           "call_schema", "compile_regex", "constrain", "constrain_reply",
            "constrain_tool_calls", "parse_regex", "schema_to_regex", "tool_grammar",
            "utf8_sequences", "validate", "vocabulary"]

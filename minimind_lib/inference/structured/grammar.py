@@ -102,11 +102,6 @@ def _after_thinking(tokenizer, body, thinking: bool):
     return Concat((ANY_TEXT, _special(tokenizer, THINK_END), Repeat(literal("\n"), 0, 2), body))
 
 
-def constrain_regex(pattern: str, tokenizer) -> Constraint:
-    """The reply must match ``pattern`` (a regular expression, ``automaton``'s subset)."""
-    return _compiled(tokenizer, "regex:" + pattern, lambda: parse_regex(pattern))
-
-
 def constrain(schema: object, tokenizer, *, thinking: bool = False,
               whitespace: str = WHITESPACE) -> Constraint:
     """The reply is one JSON value valid under ``schema`` (``SchemaError`` outside the
@@ -161,21 +156,21 @@ def constrain_reply(tokenizer, *, schema: object = None, tools: Sequence[dict] =
     tools = list(tools or [])
     if schema is None and not tools:
         raise ValueError("a reply grammar needs a schema or tools")
-    json_pattern = None if schema is None else schema_to_regex(schema, whitespace)
-    for i, tool in enumerate(tools):
-        try:
-            schema_to_regex(call_schema([tool]), whitespace)
-        except SchemaError as e:
-            path = e.path.replace("$.anyOf[0].arguments", f"tools[{i}].function.parameters")
-            raise SchemaError(e.keyword, path, str(e).split(": ", 1)[1]) from None
-    call_pattern = "\n" + schema_to_regex(call_schema(tools), whitespace) + "\n" if tools else ""
     key = json.dumps(["reply", schema, tools, tools_required, thinking, parallel, whitespace],
                      sort_keys=True)
 
-    def build():
-        body = None if json_pattern is None else parse_regex(json_pattern)
+    def build():  # only on a cache miss: a schema seen before is neither checked nor compiled
+        body = None if schema is None else parse_regex(schema_to_regex(schema, whitespace))
         if tools:
-            call = Concat((_special(tokenizer, TOOL_CALL), parse_regex(call_pattern),
+            for i, tool in enumerate(tools):  # each alone first: an error names its tool
+                try:
+                    schema_to_regex(call_schema([tool]), whitespace)
+                except SchemaError as e:
+                    path = e.path.replace("$.anyOf[0].arguments",
+                                          f"tools[{i}].function.parameters")
+                    raise SchemaError(e.keyword, path, str(e).split(": ", 1)[1]) from None
+            pattern = "\n" + schema_to_regex(call_schema(tools), whitespace) + "\n"
+            call = Concat((_special(tokenizer, TOOL_CALL), parse_regex(pattern),
                            _special(tokenizer, TOOL_CALL_END)))
             calls = call if not parallel else Concat(
                 (call, Repeat(Concat((literal("\n"), call)), 0, None)))

@@ -20,7 +20,7 @@ tokens are allowed exactly where the output so far is a complete match.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -250,12 +250,3 @@ class GrammarState:
         else:
             self.state = self.index.next_state(self.state, token_id)
         self.tokens.append(token_id)
-
-    def accepts(self, tokens: Sequence[int]) -> bool:
-        """Whether the grammar reads ``tokens`` from the current state (leaving it unchanged)."""
-        state = self.state
-        for t in tokens:
-            if state == DEAD or t not in self.index.moves[state]:
-                return False
-            state = self.index.moves[state][t]
-        return True
